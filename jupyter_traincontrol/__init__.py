@@ -1,0 +1,37 @@
+"""jupyter-traincontrol: stop, save, abort, pause and resume Keras training gracefully.
+
+Public names are imported lazily, so that ``jupyter-traincontrol`` (the CLI)
+and the Jupyter server extension start without importing Keras.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+__all__ = ["ControlCallback", "RunControl", "CheckpointStore", "send", "list_runs", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .callback import ControlCallback
+    from .checkpoint import CheckpointStore
+    from .control import RunControl
+
+_LAZY = {
+    "ControlCallback": ("callback", "ControlCallback"),
+    "RunControl": ("control", "RunControl"),
+    "CheckpointStore": ("checkpoint", "CheckpointStore"),
+    "send": ("cli", "send_to_run"),
+    "list_runs": ("registry", "list_runs"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module_name, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module_name}", __name__), attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,310 @@
+"""Checkpoints that are never half-written, and restoring from them.
+
+A checkpoint is a ``.keras`` file (architecture, weights and optimizer state;
+`keras.models.load_model` opens it in any process) plus a small JSON sidecar
+saying where training was: epoch, global step, step in the epoch, the last
+metrics, why it was taken and when.
+
+Both are written inside a hidden ``.partial-*`` folder, flushed to disk, and
+renamed into place: first the model, then the sidecar. The sidecar is the
+commit mark: a ``.keras`` file without its sidecar is not a checkpoint. So a
+process killed at any moment leaves the previous checkpoint whole, and
+nothing half-written is ever listed. Older checkpoints beyond `keep` are
+removed after each save, sidecar first.
+
+Example:
+
+>>> store = CheckpointStore("checkpoints/run-1", keep=3)   # doctest: +SKIP
+>>> store.save(model, TrainingPosition(epoch=2, step_in_epoch=10), reason="save")  # doctest: +SKIP
+>>> store.latest().path                                   # doctest: +SKIP
+PosixPath('checkpoints/run-1/ckpt-000001-epoch0002-step000010.keras')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from .private_fs import read_json
+from .processes import process_alive
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointStore",
+    "TrainingPosition",
+    "restore_weights",
+    "SIDECAR_FORMAT",
+]
+
+SIDECAR_FORMAT = 1
+_NAME = re.compile(r"^ckpt-(?P<seq>\d{6,})-epoch(?P<epoch>\d+)-step(?P<step>\d+)\.json$")
+_ANY_SEQUENCE = re.compile(r"^ckpt-(\d{6,})-")
+_PARTIAL_PREFIX = ".partial-"
+
+
+class CheckpointError(OSError):
+    """A checkpoint could not be written or read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPosition:
+    """Where training stands, in Keras's terms.
+
+    Attributes:
+        epoch: Zero-based index of the epoch in progress (as `initial_epoch`).
+        step_in_epoch: Batches of that epoch already trained.
+        steps_per_epoch: Batches in an epoch, or None while unknown.
+        global_step: Optimizer steps taken in all (`optimizer.iterations`).
+        epoch_complete: True once every batch of `epoch` is trained.
+    """
+
+    epoch: int
+    step_in_epoch: int
+    steps_per_epoch: int | None = None
+    global_step: int = 0
+    epoch_complete: bool = False
+
+    @property
+    def resume_epoch(self) -> int:
+        """The epoch a resumed `fit` continues in."""
+        return self.epoch + 1 if self.epoch_complete else self.epoch
+
+    @property
+    def resume_step(self) -> int:
+        """Batches of `resume_epoch` already trained."""
+        return 0 if self.epoch_complete else self.step_in_epoch
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint on disk.
+
+    Attributes:
+        path: The ``.keras`` file.
+        info: The sidecar's content.
+    """
+
+    path: Path
+    info: Mapping[str, Any]
+
+    @property
+    def sidecar(self) -> Path:
+        """The JSON sidecar next to `path`."""
+        return self.path.with_suffix(".json")
+
+    @property
+    def sequence(self) -> int:
+        """Position in the store's order: larger is newer."""
+        return int(self.info["sequence"])
+
+    @property
+    def position(self) -> TrainingPosition:
+        """Where training stood when the checkpoint was taken."""
+        return TrainingPosition(
+            epoch=int(self.info["epoch"]),
+            step_in_epoch=int(self.info["step_in_epoch"]),
+            steps_per_epoch=self.info.get("steps_per_epoch"),
+            global_step=int(self.info["global_step"]),
+            epoch_complete=bool(self.info["epoch_complete"]),
+        )
+
+
+class CheckpointStore:
+    """The checkpoints of one run, in one folder.
+
+    Args:
+        directory: Folder of the checkpoints; created on first save.
+        keep: How many of the newest checkpoints to keep. Defaults to 3.
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"keep must be a whole number of at least 1, got {keep!r}.")
+        self.directory = Path(directory).absolute()
+        self.keep = keep
+
+    def list(self) -> list[Checkpoint]:
+        """Returns the complete checkpoints, oldest first."""
+        found = []
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        for name in names:
+            match = _NAME.match(name)
+            if not match:
+                continue
+            sidecar = self.directory / name
+            model_file = sidecar.with_suffix(".keras")
+            info = read_json(sidecar)
+            if not isinstance(info, dict) or not model_file.is_file():
+                continue
+            info.setdefault("sequence", int(match["seq"]))
+            found.append(Checkpoint(path=model_file, info=info))
+        return sorted(found, key=lambda checkpoint: checkpoint.sequence)
+
+    def latest(self) -> Checkpoint | None:
+        """Returns the newest complete checkpoint, or None."""
+        checkpoints = self.list()
+        return checkpoints[-1] if checkpoints else None
+
+    def save(
+        self,
+        model,
+        position: TrainingPosition,
+        *,
+        reason: str,
+        metrics: Mapping[str, Any] | None = None,
+        run: str | None = None,
+    ) -> Checkpoint:
+        """Writes a checkpoint atomically and prunes old ones.
+
+        Args:
+            model: The Keras model (optimizer state is included).
+            position: Where training stands.
+            reason: Why: ``"save"``, ``"stop"``, ``"interrupt"``, ...
+            metrics: The latest metrics, stored in the sidecar.
+            run: The run's name, stored in the sidecar.
+
+        Returns:
+            The new checkpoint.
+
+        Raises:
+            CheckpointError: If writing failed (a full disk, say). The
+                previous checkpoints are untouched and nothing partial stays.
+        """
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            self._remove_partials()
+            sequence = self._next_sequence()
+            stem = f"ckpt-{sequence:06d}-epoch{position.epoch:04d}-step{position.step_in_epoch:06d}"
+            info = {
+                "format": SIDECAR_FORMAT,
+                "sequence": sequence,
+                "file": f"{stem}.keras",
+                "epoch": position.epoch,
+                "step_in_epoch": position.step_in_epoch,
+                "steps_per_epoch": position.steps_per_epoch,
+                "epoch_complete": position.epoch_complete,
+                "global_step": position.global_step,
+                "resume_epoch": position.resume_epoch,
+                "resume_step": position.resume_step,
+                "metrics": _plain_metrics(metrics or {}),
+                "reason": reason,
+                "run": run,
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            }
+            partial = Path(tempfile.mkdtemp(prefix=f"{_PARTIAL_PREFIX}{os.getpid()}-", dir=self.directory))
+            try:
+                staged_model = partial / "model.keras"
+                model.save(staged_model)
+                _fsync_file(staged_model)
+                staged_info = partial / "info.json"
+                staged_info.write_text(_json_text(info), encoding="utf-8")
+                _fsync_file(staged_info)
+                final = self.directory / f"{stem}.keras"
+                os.replace(staged_model, final)
+                os.replace(staged_info, final.with_suffix(".json"))  # the commit
+                _fsync_dir(self.directory)
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
+        except OSError as error:
+            previous = self.latest()
+            kept = f"the previous checkpoint {previous.path.name} is kept" if previous else "there is no earlier checkpoint"
+            raise CheckpointError(
+                f"Could not write a checkpoint in {self.directory}: {error.strerror or error}; {kept}."
+            ) from error
+        self._prune()
+        return Checkpoint(path=final, info=info)
+
+    def _next_sequence(self) -> int:
+        numbers = [int(m[1]) for m in map(_ANY_SEQUENCE.match, os.listdir(self.directory)) if m]
+        return max(numbers, default=0) + 1
+
+    def _prune(self) -> None:
+        checkpoints = self.list()
+        for old in checkpoints[: max(0, len(checkpoints) - self.keep)]:
+            old.sidecar.unlink(missing_ok=True)  # uncommit first
+            old.path.unlink(missing_ok=True)
+        self._remove_orphans()
+
+    def _remove_orphans(self) -> None:
+        """Removes model files whose sidecar never landed (a killed save)."""
+        committed = {c.path.name for c in self.list()}
+        for name in os.listdir(self.directory):
+            if name.startswith("ckpt-") and name.endswith(".keras") and name not in committed:
+                (self.directory / name).unlink(missing_ok=True)
+
+    def _remove_partials(self) -> None:
+        """Removes staging folders left by processes that died mid-save."""
+        for name in os.listdir(self.directory):
+            if not name.startswith(_PARTIAL_PREFIX):
+                continue
+            pid_text = name[len(_PARTIAL_PREFIX):].split("-", 1)[0]
+            if pid_text.isdigit() and process_alive(int(pid_text)) and int(pid_text) != os.getpid():
+                continue  # another live process is saving here
+            shutil.rmtree(self.directory / name, ignore_errors=True)
+
+
+def restore_weights(model, checkpoint: Checkpoint) -> None:
+    """Loads a checkpoint's weights and optimizer state into `model`.
+
+    The optimizer is built first: Keras silently drops optimizer state
+    loaded into an optimizer that is not built yet.
+
+    Args:
+        model: A built, compiled Keras model of the same architecture.
+        checkpoint: What to load.
+
+    Raises:
+        CheckpointError: If the file cannot be loaded into this model.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    try:
+        model.load_weights(checkpoint.path)
+    except Exception as error:  # Keras raises ValueError, OSError, ...
+        raise CheckpointError(
+            f"Could not load {checkpoint.path} into model {model.name!r}: {error}"
+        ) from error
+
+
+def _plain_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    plain = {}
+    for key, value in metrics.items():
+        try:
+            plain[str(key)] = float(value)
+        except (TypeError, ValueError):
+            continue  # a non-scalar log entry: not a metric to record
+    return plain
+
+
+def _json_text(info: Mapping[str, Any]) -> str:
+    return json.dumps(info, indent=1, sort_keys=True)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

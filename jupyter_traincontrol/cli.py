@@ -1,0 +1,207 @@
+"""``jupyter-traincontrol``: list training runs and send them commands.
+
+Also reachable as ``jupyter traincontrol``. It reads run records and writes
+FIFOs only, and never imports Keras, so it answers in milliseconds.
+
+Exit codes: 0 done; 2 bad usage or unknown command; 3 no such run; 4 the
+run no longer listens (ended, or its process is gone); 5 the command could
+not be delivered or, with ``--wait``, was not seen acted on in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Sequence
+
+from . import __version__
+from .channel import ChannelError, NotListeningError, send_command
+from .commands import COMMAND_NAMES, Command, UnknownCommandError, parse_command
+from .private_fs import UnsafePathError
+from .registry import FINAL_STATES, RunNotFoundError, find_run, list_runs
+
+__all__ = ["main", "send_to_run", "format_table"]
+
+EXIT_USAGE, EXIT_NO_RUN, EXIT_NOT_LISTENING, EXIT_NOT_DELIVERED = 2, 3, 4, 5
+
+
+def send_to_run(name: str, command: str | Command) -> Command:
+    """Sends `command` to the listed run called `name`.
+
+    Args:
+        name: The run's name, as `jupyter-traincontrol list` shows it.
+        command: One of ``stop``, ``save``, ``abort``, ``pause``, ``resume``.
+
+    Returns:
+        The command delivered.
+
+    Raises:
+        UnknownCommandError: If `command` is not a command.
+        RunNotFoundError: If no live process lists a run of that name.
+        NotListeningError: If the run has ended or its channel is gone.
+        ChannelError: If the command could not be written.
+    """
+    command = parse_command(command)
+    record = find_run(name)
+    address = record.get("address")
+    if record.get("state") in FINAL_STATES or not address:
+        raise NotListeningError(f"Run {name!r} has ended ({record.get('state')}); it takes no more commands.")
+    try:
+        send_command(address, command)
+    except NotListeningError:
+        raise NotListeningError(f"Run {name!r} is not listening any more (its channel {address} has no reader).") from None
+    return command
+
+
+def _wait_for_effect(name: str, command: Command, since: float, timeout: float) -> str:
+    """Polls the run's record until it shows `command` acted on."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            record = find_run(name)
+        except RunNotFoundError:
+            return "the run is gone"
+        seen = any(
+            event.get("kind") == "command" and event.get("message") == f"{command} received" and event.get("time", 0) >= since
+            for event in record.get("events", [])
+        )
+        state = record.get("state")
+        if state in FINAL_STATES or (seen and state != "stopping"):
+            return f"state {state}"
+        time.sleep(0.1)
+    raise TimeoutError(f"Sent {command!r} to run {name!r}, but saw no effect within {timeout:g} s.")
+
+
+def _age(started: Any, now: float) -> str:
+    if not isinstance(started, (int, float)):
+        return "-"
+    seconds = max(0, int(now - started))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _fraction(done: Any, total: Any) -> str:
+    if not done and not total:
+        return "-"
+    return f"{done}/{total}" if total else f"{done}"
+
+
+def _loss(metrics: Any) -> str:
+    value = metrics.get("loss") if isinstance(metrics, dict) else None
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
+
+
+def format_table(records: Sequence[dict[str, Any]], now: float | None = None) -> str:
+    """Renders run records as an aligned text table."""
+    now = time.time() if now is None else now
+    rows = [("NAME", "STATE", "EPOCH", "STEP", "LOSS", "AGE", "WHERE")]
+    for record in records:
+        rows.append(
+            (
+                str(record.get("name")),
+                str(record.get("state")),
+                _fraction(record.get("epoch"), record.get("epochs")),
+                _fraction(record.get("step"), record.get("steps")),
+                _loss(record.get("metrics")),
+                _age(record.get("started"), now),
+                f"{record.get('origin') or '-'} (pid {record.get('pid')})",
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def _public_record(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key not in ("pid_start",)}
+
+
+def _command_list(args: argparse.Namespace) -> int:
+    records = list_runs()
+    if args.json:
+        print(json.dumps([_public_record(record) for record in records], indent=1, sort_keys=True))
+    elif records:
+        print(format_table(records))
+    else:
+        print("No training runs are listed.")
+    return 0
+
+
+def _command_send(args: argparse.Namespace) -> int:
+    since = time.time()
+    try:
+        command = send_to_run(args.name, args.command)
+    except UnknownCommandError as error:
+        return _fail(str(error), EXIT_USAGE)
+    except RunNotFoundError as error:
+        return _fail(str(error), EXIT_NO_RUN)
+    except NotListeningError as error:
+        return _fail(str(error), EXIT_NOT_LISTENING)
+    except (ChannelError, UnsafePathError) as error:
+        return _fail(str(error), EXIT_NOT_DELIVERED)
+    if args.wait is None:
+        print(f"Sent {command} to {args.name}.")
+        return 0
+    try:
+        outcome = _wait_for_effect(args.name, command, since, args.wait)
+    except TimeoutError as error:
+        return _fail(str(error), EXIT_NOT_DELIVERED)
+    print(f"Sent {command} to {args.name}: {outcome}.")
+    return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"jupyter-traincontrol: error: {message}", file=sys.stderr)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``jupyter-traincontrol``."""
+    parser = argparse.ArgumentParser(
+        prog="jupyter-traincontrol",
+        description="List Keras training runs and stop, save, abort, pause or resume them.",
+        epilog=__doc__.split("\n\n", 2)[2],
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{list,send}")
+    verbs.required = True
+
+    list_parser = verbs.add_parser(
+        "list",
+        help="show the runs of this user",
+        description="Show the training runs of this user (live, and ended ones whose process still lives).",
+    )
+    list_parser.add_argument("--json", action="store_true", help="print a JSON array of run records")
+    list_parser.set_defaults(handler=_command_list)
+
+    send_parser = verbs.add_parser(
+        "send",
+        help="send a command to a run",
+        description=(
+            "Send one command to a run; it acts at the run's next batch boundary. "
+            "stop: checkpoint, then end fit. save: checkpoint, go on. abort: end fit, no checkpoint. "
+            "pause / resume: hold / release the training thread."
+        ),
+    )
+    send_parser.add_argument("name", help="the run's name, as `list` shows it")
+    send_parser.add_argument("command", metavar="command", help=f"one of: {', '.join(COMMAND_NAMES)}")
+    send_parser.add_argument(
+        "--wait", nargs="?", type=float, const=60.0, default=None, metavar="SECONDS",
+        help="wait until the run has acted on the command (default at most 60 s)",
+    )
+    send_parser.set_defaults(handler=_command_send)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the CLI. Returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

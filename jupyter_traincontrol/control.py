@@ -1,0 +1,348 @@
+"""A run as the outside world sees it: name, state, progress, channel, record.
+
+`RunControl` ties together what a run owns besides the model: its claimed
+registry folder, its command channel, its checkpoint store, its state and a
+short event log. It publishes all of that as the run's JSON record, at most
+about twice a second while progress changes and at once on state changes.
+
+The training thread writes progress with plain attribute assignments (cheap
+enough for every batch); the channel's reader thread publishes it. Nothing
+here touches Keras, so the same object serves `ControlCallback` in a script
+and `TrainingRun` in a notebook.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .channel import ChannelError, CommandChannel, NotListeningError, open_channel, send_command
+from .checkpoint import Checkpoint, CheckpointStore
+from .commands import Command, Rejected, parse_command
+from .registry import FINAL_STATES, STATES, NameTakenError, RunFolder, unique_name, validate_name
+
+__all__ = ["RunControl", "RunEvent"]
+
+logger = logging.getLogger("jupyter_traincontrol")
+
+_PUBLISH_INTERVAL_SECONDS = 0.5
+_EVENTS_KEPT = 50
+
+
+class RunEvent(dict):
+    """One line of a run's log: ``{"time", "kind", "message"}``.
+
+    Kinds: ``command``, ``checkpoint``, ``rejected``, ``warning``, ``info``,
+    ``error``, ``state``.
+    """
+
+
+class RunControl:
+    """The name, state, progress, channel and record of one training run.
+
+    Args:
+        name: The run's name. Defaults to the first free ``run-N``.
+        checkpoint_dir: Folder of the run's checkpoints. Defaults to
+            ``checkpoints/NAME`` under the current directory.
+        keep: Checkpoints to keep. Defaults to 3.
+        channel_kind: ``"fifo"`` or ``"spool"``; defaults to the platform's.
+        registry: The registry folder. Defaults to the Jupyter runtime dir's.
+        origin: A few words saying where the run lives (a script, a kernel),
+            shown by ``list``. Defaults to the script's path.
+        extra_record: Fields added to the record (for example a kernel id).
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        keep: int = 3,
+        *,
+        channel_kind: str | None = None,
+        registry: Path | None = None,
+        origin: str | None = None,
+        extra_record: dict[str, Any] | None = None,
+    ):
+        if name is not None:
+            validate_name(name)
+        self._requested_name = name
+        self._requested_checkpoint_dir = checkpoint_dir
+        self._keep = keep
+        CheckpointStore(".", keep)  # validates keep now, not at train begin
+        self._channel_kind = channel_kind
+        self._registry = registry
+        self.origin = origin or (Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python")
+        self._extra_record = dict(extra_record or {})
+        self.name: str | None = name
+        self.store: CheckpointStore | None = None
+        self.channel: CommandChannel | None = None
+        self._folder: RunFolder | None = None
+        self._state = "starting"
+        self._state_lock = threading.RLock()
+        self.events: collections.deque[RunEvent] = collections.deque(maxlen=_EVENTS_KEPT)
+        self.error: str | None = None
+        self.started: float | None = None
+        self.ended: float | None = None
+        # Progress, written by the training thread with plain assignments.
+        self.epoch = 0  # 1-based number of the epoch in progress; 0 before the first
+        self.epochs: int | None = None
+        self.step = 0  # batches done in the epoch in progress
+        self.steps: int | None = None
+        self.global_step: int | None = None
+        self.metrics: dict[str, float] = {}
+        self.epoch_history: list[dict[str, Any]] = []
+        self._progress_version = 0
+        self._published_version = -1
+        self._last_publish = 0.0
+        self._listeners: list[Callable[[RunControl, RunEvent | None], None]] = []
+        self._tick_hooks: list[Callable[[], None]] = []
+
+    # Lifecycle -----------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """True between `open` and `close`."""
+        return self._folder is not None
+
+    def open(self) -> "RunControl":
+        """Claims the run's name, opens its channel and publishes its record.
+
+        Returns:
+            self.
+
+        Raises:
+            NameTakenError: If a live run has the requested name.
+            UnsafePathError: If the registry folder is not private.
+        """
+        if self.is_open:
+            raise RuntimeError(f"Run {self.name!r} is already open.")
+        self._folder = self._claim_folder()
+        self.name = self._folder.name
+        self.store = CheckpointStore(self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep)
+        self.started, self.ended, self.error = time.time(), None, None
+        self._state = "starting"
+        self.events.clear()
+        try:
+            self.channel = open_channel(
+                self._folder.path,
+                self._channel_kind,
+                on_rejected=self._on_rejected,
+                on_notice=lambda text: self.log("warning", text),
+                on_tick=self._on_tick,
+                name=self.name,
+            )
+        except BaseException:
+            self._folder.release()
+            self._folder = None
+            raise
+        self.publish(force=True)
+        return self
+
+    def _claim_folder(self) -> RunFolder:
+        if self._requested_name is not None:
+            return RunFolder.claim(self._requested_name, self._registry)
+        for _attempt in range(20):
+            try:
+                return RunFolder.claim(unique_name("run", self._registry), self._registry)
+            except NameTakenError:
+                continue  # another process took it between listing and claiming
+        raise NameTakenError("Could not find a free run name; pass name= explicitly.")
+
+    def close(self, final_state: str, error: str | None = None) -> None:
+        """Ends the run: records `final_state`, closes the channel.
+
+        The record stays, with its final state, while this process lives.
+        Idempotent: only the first call after `open` has an effect.
+
+        Args:
+            final_state: One of ``stopped``, ``aborted``, ``finished``,
+                ``failed``.
+            error: For ``failed``: the error text (a traceback) to record.
+        """
+        if final_state not in FINAL_STATES:
+            raise ValueError(f"Unknown final state {final_state!r}. Expected one of: {', '.join(sorted(FINAL_STATES))}.")
+        with self._state_lock:
+            if not self.is_open or self.state in FINAL_STATES:
+                return
+            self.error = error
+            self.ended = time.time()
+            channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+        self.set_state(final_state)
+
+    def forget(self) -> None:
+        """Removes the run's record from the registry (after `close`)."""
+        if self._folder is not None:
+            self._folder.release()
+            self._folder = None
+
+    # State and events ----------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """One of `registry.STATES`."""
+        return self._state
+
+    def set_state(self, state: str) -> None:
+        """Moves the run to `state`, logs it and publishes at once."""
+        if state not in STATES:
+            raise ValueError(f"Unknown state {state!r}. Expected one of: {', '.join(STATES)}.")
+        with self._state_lock:
+            if state == self._state:
+                return
+            self._state = state
+        self.log("state", state)
+        self.publish(force=True)
+
+    def log(self, kind: str, message: str) -> RunEvent:
+        """Adds an event to the run's log and tells the listeners."""
+        event = RunEvent(time=time.time(), kind=kind, message=message)
+        self.events.append(event)
+        self._progress_version += 1
+        level = logging.WARNING if kind in ("warning", "rejected", "error") else logging.INFO
+        logger.log(level, "[%s] %s: %s", self.name, kind, message)
+        self._notify(event)
+        return event
+
+    def add_listener(self, listener: Callable[["RunControl", RunEvent | None], None]) -> None:
+        """Calls `listener(control, event)` on each event, and with None on
+        progress (from the reader thread, at most about twice a second)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener) -> None:
+        """Undoes `add_listener`."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def add_tick_hook(self, hook: Callable[[], None]) -> None:
+        """Calls `hook()` from the reader thread about twice a second."""
+        self._tick_hooks.append(hook)
+
+    def remove_tick_hook(self, hook: Callable[[], None]) -> None:
+        """Undoes `add_tick_hook`."""
+        if hook in self._tick_hooks:
+            self._tick_hooks.remove(hook)
+
+    def _notify(self, event: RunEvent | None) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(self, event)
+            except Exception:  # a display must never break training
+                logger.exception("A run listener failed")
+
+    def _on_rejected(self, rejected: Rejected) -> None:
+        self.log("rejected", f"{rejected.text}: {rejected.reason}")
+
+    def _on_tick(self) -> None:
+        for hook in list(self._tick_hooks):
+            try:
+                hook()
+            except Exception:
+                logger.exception("A run tick hook failed")
+        if self.publish():
+            self._notify(None)
+
+    # Progress ------------------------------------------------------------
+
+    def touch(self) -> None:
+        """Marks progress as changed (after assigning progress attributes)."""
+        self._progress_version += 1
+
+    def record_epoch(self, epoch: int, logs: dict[str, Any] | None) -> None:
+        """Keeps an epoch's final metrics for charts."""
+        entry = {"epoch": epoch + 1}
+        for key, value in (logs or {}).items():
+            try:
+                entry[key] = float(value)
+            except (TypeError, ValueError):
+                continue
+        self.epoch_history.append(entry)
+        self.touch()
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """The run's complete checkpoints, oldest first."""
+        return self.store.list() if self.store else []
+
+    def record(self) -> dict[str, Any]:
+        """The run's record as published (without the registry's fields)."""
+        channel = self.channel
+        return {
+            **self._extra_record,
+            "state": self.state,
+            "origin": self.origin,
+            "channel": channel.kind if channel else None,
+            "fifo": channel.address if channel is not None and channel.kind == "fifo" else None,
+            "address": channel.address if channel is not None else None,
+            "checkpoint_dir": str(self.store.directory) if self.store else None,
+            "checkpoints": [str(c.path) for c in self.checkpoints()],
+            "epoch": self.epoch,
+            "epochs": self.epochs,
+            "step": self.step,
+            "steps": self.steps,
+            "global_step": self.global_step,
+            "metrics": dict(self.metrics),
+            "history": list(self.epoch_history[-200:]),
+            "events": list(self.events)[-20:],
+            "error": self.error,
+            "started": self.started,
+            "ended": self.ended,
+        }
+
+    def publish(self, force: bool = False) -> bool:
+        """Writes the record if progress changed and enough time passed.
+
+        Args:
+            force: Write now, whatever changed or however recently.
+
+        Returns:
+            True if the record was written.
+        """
+        folder = self._folder
+        if folder is None:
+            return False
+        now = time.monotonic()
+        version = self._progress_version
+        if not force and (version == self._published_version or now - self._last_publish < _PUBLISH_INTERVAL_SECONDS):
+            return False
+        try:
+            folder.write_record(self.record())
+        except OSError as error:
+            logger.warning("Could not write the record of run %r: %s", self.name, error)
+            return False
+        self._published_version, self._last_publish = version, now
+        return True
+
+    # Commands --------------------------------------------------------------
+
+    def send(self, command: str | Command) -> Command:
+        """Sends a command to this run through its channel, like any writer.
+
+        Args:
+            command: A command word.
+
+        Returns:
+            The command sent.
+
+        Raises:
+            UnknownCommandError: If `command` is not a command.
+            NotListeningError: If the run has ended.
+        """
+        command = parse_command(command)
+        channel = self.channel
+        if channel is None:
+            raise NotListeningError(f"Run {self.name!r} is {self.state}; it takes no more commands.")
+        try:
+            send_command(channel.address, command)
+        except ChannelError as error:
+            # The FIFO could not take it (deleted this instant, say): queue it
+            # directly, so an in-process sender is never lost.
+            channel.inject(command)
+            self.log("warning", f"Delivered {command} directly: {error}")
+        return command

@@ -1,0 +1,113 @@
+"""Shared fixtures: an isolated registry per test, tiny models, and a leak check.
+
+Every test gets its own ``JUPYTER_RUNTIME_DIR``, so runs never meet runs of
+other tests or of the developer. The autouse `no_leaks` fixture fails a test
+that leaves behind a reader thread, a FIFO, an active run record, a changed
+SIGINT handler or open file descriptors.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+TESTS_DIR = Path(__file__).parent
+sys.path.insert(0, str(TESTS_DIR))
+
+
+@pytest.fixture(autouse=True)
+def runtime_dir(tmp_path, monkeypatch):
+    """A private Jupyter runtime dir for this test; returns the registry folder."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    return runtime / "traincontrol"
+
+
+def _open_fds() -> set[int]:
+    try:
+        return {int(name) for name in os.listdir("/proc/self/fd")}
+    except FileNotFoundError:  # not Linux
+        return set()
+
+
+def _our_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("traincontrol-")]
+
+
+def _fifos_under(folder: Path) -> list[Path]:
+    if not folder.exists():
+        return []
+    return [p for p in folder.rglob("*") if stat.S_ISFIFO(os.lstat(p).st_mode)]
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(runtime_dir, request):
+    """Fails the test if it leaves threads, FIFOs, active runs, handlers or fds."""
+    if "allow_leaks" in request.keywords:
+        yield
+        return
+    handler_before = signal.getsignal(signal.SIGINT)
+    fds_before = _open_fds()
+    yield
+    deadline = time.monotonic() + 5
+    while _our_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    problems = []
+    if _our_threads():
+        problems.append(f"threads still alive: {[t.name for t in _our_threads()]}")
+    if _fifos_under(runtime_dir):
+        problems.append(f"FIFOs left: {_fifos_under(runtime_dir)}")
+    from jupyter_traincontrol.registry import ACTIVE_STATES, list_runs
+
+    active = [r["name"] for r in list_runs(runtime_dir) if r.get("state") in ACTIVE_STATES and r.get("pid") == os.getpid()]
+    if active:
+        problems.append(f"runs of this process still active: {active}")
+    if signal.getsignal(signal.SIGINT) != handler_before:
+        problems.append(f"SIGINT handler changed: {signal.getsignal(signal.SIGINT)!r}")
+    leaked_fds = _open_fds() - fds_before
+    # TensorFlow opens a few descriptors of its own on first use; count only
+    # pipes and FIFOs, which are what this package opens.
+    leaked_pipes = [fd for fd in leaked_fds if _is_pipe(fd)]
+    if leaked_pipes:
+        problems.append(f"pipe/FIFO descriptors left open: {leaked_pipes}")
+    assert not problems, "; ".join(problems)
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "allow_leaks: skip the leak check (for tests that check leaks themselves)")
+
+
+@pytest.fixture
+def tiny_data():
+    """64 samples of 3 features; the target is their sum."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 3), dtype="float32")
+    return x, x.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture
+def make_model():
+    """Builds a one-layer regression model, compiled with Adam."""
+    from helpers import build_model
+
+    return build_model

@@ -1,0 +1,207 @@
+"""The FIFO channel (and its spool fallback), with real FIFOs and processes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from helpers import wait_until
+from jupyter_traincontrol.channel import (
+    FIFO_NAME,
+    NotListeningError,
+    open_channel,
+    send_command,
+)
+from jupyter_traincontrol.commands import Command
+from jupyter_traincontrol.private_fs import UnsafePathError
+
+
+@pytest.fixture
+def folder(tmp_path):
+    path = tmp_path / "run"
+    path.mkdir(mode=0o700)
+    return path
+
+
+@pytest.fixture(params=["fifo", "spool"])
+def channel(request, folder):
+    rejected = []
+    notices = []
+    ch = open_channel(folder, request.param, on_rejected=rejected.append, on_notice=notices.append, name="test", tick_seconds=0.05)
+    ch.rejected, ch.notices = rejected, notices
+    yield ch
+    ch.close()
+
+
+def drain(channel, count, timeout=10):
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        channel.wait(0.05)
+        while (command := channel.pop()) is not None:
+            got.append(command)
+    return got
+
+
+def test_fifo_is_private(folder):
+    ch = open_channel(folder, "fifo")
+    try:
+        mode = os.lstat(folder / FIFO_NAME).st_mode
+        assert stat.S_ISFIFO(mode)
+        assert stat.S_IMODE(mode) == 0o600
+    finally:
+        ch.close()
+
+
+def test_commands_arrive_in_order(channel):
+    for word in ["save", "pause", "resume", "stop"]:
+        send_command(channel.address, word)
+    assert drain(channel, 4) == [Command.SAVE, Command.PAUSE, Command.RESUME, Command.STOP]
+
+
+def test_pending_is_a_flag_and_wait_wakes_at_once(channel):
+    assert not channel.pending
+    threading.Timer(0.1, send_command, (channel.address, "stop")).start()
+    started = time.monotonic()
+    assert channel.wait(5)
+    assert time.monotonic() - started < 2
+    assert channel.pending
+    assert channel.pop() is Command.STOP
+    assert not channel.pending
+
+
+def test_shell_echo_works(channel):
+    if channel.kind != "fifo":
+        pytest.skip("echo > FIFO is for FIFOs")
+    subprocess.run(["sh", "-c", f"echo stop > '{channel.address}'"], check=True, timeout=10)
+    assert drain(channel, 1) == [Command.STOP]
+
+
+def test_garbage_is_reported_and_later_commands_still_work(channel):
+    if channel.kind == "fifo":
+        fd = os.open(channel.address, os.O_WRONLY)
+        for chunk in [os.urandom(4096).replace(b"\n", b"x") + b"\n", b"\xff\xfe\n", b"x" * (1 << 20) + b"\n", b"hello\n", b"sa", b"ve\n"]:
+            os.write(fd, chunk)
+            time.sleep(0.01)
+        os.close(fd)
+    else:
+        (channel.folder / "inbox" / "1.cmd").write_bytes(b"hello\n\xff\n")
+        send_command(channel.address, "save")
+    assert drain(channel, 1) == [Command.SAVE]
+    wait_until(lambda: len(channel.rejected) >= 2, message="rejections reported")
+    assert any("hello" in r.text for r in channel.rejected)
+
+
+def test_fifty_concurrent_writers_lose_nothing_and_duplicate_nothing(channel):
+    writers, per_writer = 50, 100
+    if channel.kind == "spool":
+        writers, per_writer = 10, 20  # one file per command: keep it short
+    words = ["save", "pause", "resume"]
+    barrier = threading.Barrier(writers)
+
+    def write_many(index):
+        barrier.wait()
+        for i in range(per_writer):
+            send_command(channel.address, words[(index + i) % 3])
+
+    threads = [threading.Thread(target=write_many, args=(i,)) for i in range(writers)]
+    for thread in threads:
+        thread.start()
+    got = drain(channel, writers * per_writer, timeout=60)
+    for thread in threads:
+        thread.join()
+    time.sleep(0.1)
+    assert len(got) + len(drain(channel, 1, timeout=0.2)) == writers * per_writer
+    assert not channel.rejected
+
+
+def test_writer_processes_killed_mid_line_do_not_break_the_channel(channel):
+    if channel.kind != "fifo":
+        pytest.skip("mid-line writes are a FIFO matter")
+    code = "import os, sys, time; fd = os.open(sys.argv[1], os.O_WRONLY); os.write(fd, b'sto'); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code, channel.address])
+    time.sleep(0.5)
+    child.kill()
+    child.wait()
+    send_command(channel.address, "save")
+    assert drain(channel, 1) == [Command.SAVE]
+
+
+def test_send_without_reader_fails_at_once_and_never_hangs(folder):
+    os.mkfifo(folder / "orphan", 0o600)
+    started = time.monotonic()
+    with pytest.raises(NotListeningError, match="not listening"):
+        send_command(folder / "orphan", "stop")
+    assert time.monotonic() - started < 1
+    with pytest.raises(NotListeningError):
+        send_command(folder / "missing", "stop")
+
+
+def test_send_refuses_a_symlink(channel, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(channel.address)
+    with pytest.raises(UnsafePathError, match="symlink"):
+        send_command(link, "stop")
+    assert not channel.pending
+
+
+def test_send_refuses_a_fifo_others_can_write(folder):
+    os.mkfifo(folder / "public", 0o600)
+    os.chmod(folder / "public", 0o622)
+    reader = os.open(folder / "public", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(UnsafePathError, match="lets others in"):
+            send_command(folder / "public", "stop")
+    finally:
+        os.close(reader)
+
+
+def test_channel_refuses_a_preplanted_path(folder):
+    (folder / FIFO_NAME).symlink_to("/tmp")
+    with pytest.raises(FileExistsError):
+        open_channel(folder, "fifo")
+
+
+def test_fifo_deleted_under_a_live_channel_is_recreated(channel):
+    if channel.kind != "fifo":
+        os.rmdir(channel.address)
+    else:
+        os.unlink(channel.address)
+    wait_until(lambda: channel.notices, message="a notice about the deleted channel")
+    assert "re-created" in channel.notices[0]
+    send_command(channel.address, "stop")
+    assert drain(channel, 1) == [Command.STOP]
+
+
+def test_fifo_replaced_by_a_file_is_recreated(channel):
+    if channel.kind != "fifo":
+        pytest.skip("FIFO only")
+    os.unlink(channel.address)
+    with open(channel.address, "w") as handle:
+        handle.write("stop\n")
+    wait_until(lambda: channel.notices, message="a notice about the replaced FIFO")
+    assert stat.S_ISFIFO(os.lstat(channel.address).st_mode)
+    send_command(channel.address, "save")
+    assert drain(channel, 1) == [Command.SAVE]
+
+
+def test_close_removes_the_channel_and_stops_the_thread(folder):
+    ch = open_channel(folder, "fifo", name="closing")
+    address = ch.address
+    ch.close()
+    ch.close()  # idempotent
+    assert not os.path.exists(address)
+    assert not [t for t in threading.enumerate() if t.name == "traincontrol-reader-closing"]
+    with pytest.raises(NotListeningError):
+        send_command(address, "stop")
+
+
+def test_unknown_channel_kind_is_a_clear_error(folder):
+    with pytest.raises(ValueError, match="Expected one of: fifo, spool"):
+        open_channel(folder, "carrier-pigeon")

@@ -1,0 +1,94 @@
+"""The command vocabulary and the line decoder (pure, no I/O)."""
+
+import os
+
+import pytest
+
+from jupyter_traincontrol.commands import COMMAND_NAMES, Command, LineDecoder, Rejected, UnknownCommandError, parse_command
+
+
+def test_vocabulary_is_exactly_the_five_commands():
+    assert COMMAND_NAMES == ("stop", "save", "abort", "pause", "resume")
+
+
+@pytest.mark.parametrize("text", ["stop", " STOP\n", "Stop\r\n", "\tstop "])
+def test_parse_ignores_case_and_surrounding_whitespace(text):
+    assert parse_command(text) is Command.STOP
+
+
+def test_unknown_command_names_what_was_received_and_what_is_expected():
+    with pytest.raises(UnknownCommandError) as info:
+        parse_command("frobnicate")
+    assert str(info.value) == (
+        "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume."
+    )
+
+
+def test_non_text_is_rejected_with_its_type():
+    with pytest.raises(UnknownCommandError, match="got int"):
+        parse_command(3)
+
+
+def test_decoder_joins_a_line_split_across_writes():
+    decoder = LineDecoder()
+    assert decoder.feed(b"sa") == []
+    assert decoder.feed(b"v") == []
+    assert decoder.feed(b"e\npause\nres") == [Command.SAVE, Command.PAUSE]
+    assert decoder.feed(b"ume\n") == [Command.RESUME]
+
+
+def test_decoder_skips_blank_lines_and_reports_garbage_then_goes_on():
+    decoder = LineDecoder()
+    results = decoder.feed(b"\n\nhello\nstop\n")
+    assert results[0] == Rejected(
+        text="hello", reason="Unknown command 'hello'. Expected one of: stop, save, abort, pause, resume."
+    )
+    assert results[1:] == [Command.STOP]
+
+
+def test_invalid_utf8_is_rejected_and_printable():
+    (rejected, command) = LineDecoder().feed(b"\xff\xfe\x00sto\n" + b"abort\n")
+    assert isinstance(rejected, Rejected) and "not valid UTF-8" in rejected.reason
+    assert rejected.text.isprintable()
+    assert command is Command.ABORT
+
+
+def test_random_bytes_never_raise_and_later_commands_still_work():
+    decoder = LineDecoder()
+    rng_bytes = os.urandom(200_000)
+    results = decoder.feed(rng_bytes) + decoder.feed(b"\nsave\n")
+    assert results[-1] is Command.SAVE
+    # Random bytes may, rarely, contain a command word on a line of its own;
+    # everything else must come out as a rejection, never as an exception.
+    assert all(isinstance(r, (Rejected, Command)) for r in results)
+
+
+def test_a_one_mebibyte_line_is_rejected_whole_without_being_buffered():
+    decoder = LineDecoder()
+    results = []
+    for _ in range(16):
+        results += decoder.feed(b"x" * 65536)
+        assert len(decoder._pending) <= 256
+    results += decoder.feed(b"\nstop\n")
+    assert len(results) == 2
+    assert isinstance(results[0], Rejected) and "1048576 bytes is too long" in results[0].reason
+    assert results[1] is Command.STOP
+
+
+def test_a_remnant_from_a_dead_writer_does_not_swallow_the_next_command():
+    decoder = LineDecoder()
+    assert decoder.feed(b"sto") == []  # a writer died after three bytes
+    rejected, command = decoder.feed(b"save\n")  # a healthy writer's whole line
+    assert isinstance(rejected, Rejected) and rejected.text == "sto"
+    assert "writer stopped mid-line" in rejected.reason
+    assert command is Command.SAVE
+
+
+def test_flush_decodes_a_last_line_without_newline():
+    decoder = LineDecoder()
+    assert decoder.feed(b"abort") == []
+    assert decoder.flush() == [Command.ABORT]
+
+
+def test_wire_format_is_one_ascii_line():
+    assert Command.PAUSE.encode_line() == b"pause\n"
