@@ -181,11 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     send_parser = verbs.add_parser(
         "send",
         help="send a command to a run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Send one command to a run; it acts at the run's next batch boundary. "
-            "stop: checkpoint, then end fit. save: checkpoint, go on. abort: end fit, no checkpoint. "
-            "pause / resume: hold / release the training thread."
+            "Send one command to a run; it acts at the run's next batch boundary.\n\n"
+            "  stop    checkpoint, then end fit gracefully\n"
+            "  save    checkpoint; training goes on\n"
+            "  abort   end fit gracefully, without a checkpoint\n"
+            "  pause   hold the training thread (save, stop, abort still act)\n"
+            "  resume  let a paused run go on"
         ),
+        epilog=__doc__.split("\n\n", 2)[2],
     )
     send_parser.add_argument("name", help="the run's name, as `list` shows it")
     send_parser.add_argument("command", metavar="command", help=f"one of: {', '.join(COMMAND_NAMES)}")

@@ -108,7 +108,7 @@ class RunControl:
     @property
     def is_open(self) -> bool:
         """True between `open` and `close`."""
-        return self._folder is not None
+        return self._folder is not None and self._state not in FINAL_STATES
 
     def open(self) -> "RunControl":
         """Claims the run's name, opens its channel and publishes its record.
@@ -122,12 +122,15 @@ class RunControl:
         """
         if self.is_open:
             raise RuntimeError(f"Run {self.name!r} is already open.")
+        self.forget()  # the record of an earlier, ended run of this object
         self._folder = self._claim_folder()
         self.name = self._folder.name
         self.store = CheckpointStore(self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep)
         self.started, self.ended, self.error = time.time(), None, None
         self._state = "starting"
         self.events.clear()
+        self.epoch, self.step, self.global_step, self.metrics = 0, 0, None, {}
+        self.epoch_history = []
         try:
             self.channel = open_channel(
                 self._folder.path,
@@ -168,7 +171,7 @@ class RunControl:
         if final_state not in FINAL_STATES:
             raise ValueError(f"Unknown final state {final_state!r}. Expected one of: {', '.join(sorted(FINAL_STATES))}.")
         with self._state_lock:
-            if not self.is_open or self.state in FINAL_STATES:
+            if not self.is_open:
                 return
             self.error = error
             self.ended = time.time()

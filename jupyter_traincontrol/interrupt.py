@@ -72,14 +72,25 @@ class SigintGuard:
             signal.signal(signal.SIGINT, self._previous)
 
     def retire(self) -> None:
-        """Marks the run as over from any thread; the handler restores the
-        previous one at the next SIGINT (or `uninstall` on the main thread)."""
+        """Restores the previous handler from any thread.
+
+        On the main thread this is `uninstall`. Elsewhere (the run ended
+        because `fit` raised, and another thread noticed) signal handlers
+        cannot be changed, so the main thread is sent a SIGINT that our
+        handler, now retired, answers by restoring the previous handler and
+        nothing else.
+        """
+        if not self._installed:
+            return
         self._retired = True
-        self.uninstall()
+        if threading.current_thread() is threading.main_thread():
+            self.uninstall()
+        else:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     def _handle(self, signum, frame):
         if self._retired:
-            self._pass_on(signum, frame)
+            self.uninstall()
             return
         self.count += 1
         if self.count == 1:
@@ -92,8 +103,7 @@ class SigintGuard:
 
     def _pass_on(self, signum, frame):
         previous = self._previous
-        self._installed = False
-        signal.signal(signal.SIGINT, previous)
+        self.uninstall()
         if callable(previous):
             previous(signum, frame)
         else:  # SIG_DFL: what Python's own handler would do

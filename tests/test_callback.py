@@ -1,0 +1,325 @@
+"""ControlCallback in real `fit` calls on a tiny model, commanded through its real FIFO."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from helpers import At, read_sidecar, wait_until
+from jupyter_traincontrol import ControlCallback
+from jupyter_traincontrol.channel import NotListeningError, send_command
+from jupyter_traincontrol.registry import NameTakenError, find_run, list_runs
+
+EPOCHS = 4
+BATCH = 8  # 64 samples: 8 batches an epoch
+
+
+def send_and_wait_queued(callback, command):
+    """Writes `command` to the run's FIFO and waits until the reader queued it."""
+    send_command(callback.fifo, command)
+    wait_until(lambda: callback.control.channel is None or callback.control.channel.pending, message=f"{command} queued")
+
+
+def fit(model, data, *callbacks, epochs=EPOCHS, **kwargs):
+    x, y = data
+    kwargs.setdefault("shuffle", False)
+    return model.fit(x, y, batch_size=BATCH, epochs=epochs, callbacks=list(callbacks), verbose=0, **kwargs)
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    return tmp_path / "ck"
+
+
+def test_stop_checkpoints_then_ends_fit_gracefully(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="stopper", checkpoint_dir=ckpt)
+    probe = At(1, 2, lambda cb: send_and_wait_queued(control, "stop"))
+    history = fit(model, tiny_data, control, probe)
+    assert history.epoch == [0, 1]  # the partial epoch is listed, as Keras does
+    assert probe.train_end_called
+    assert control.state == "stopped"
+    (checkpoint,) = control.checkpoints
+    info = read_sidecar(checkpoint)
+    # The command was queued during batch 2, so it acts at the end of batch 3.
+    assert (info["epoch"], info["step_in_epoch"], info["epoch_complete"]) == (1, 4, False)
+    assert info["global_step"] == 8 + 4 == int(model.optimizer.iterations.numpy())
+    assert info["reason"] == "stop"
+    record = find_run("stopper")
+    assert record["state"] == "stopped" and record["fifo"] is None
+    assert record["checkpoints"] == [str(checkpoint)]
+    assert any(e["message"] == "stop received" for e in record["events"])
+
+
+def test_save_writes_a_checkpoint_and_training_goes_on(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="saver", checkpoint_dir=ckpt)
+    history = fit(model, tiny_data, control, At(0, 5, lambda cb: send_and_wait_queued(control, "save")))
+    assert history.epoch == list(range(EPOCHS))
+    assert control.state == "finished"
+    (checkpoint,) = control.checkpoints
+    assert read_sidecar(checkpoint)["reason"] == "save"
+    assert read_sidecar(checkpoint)["global_step"] == 7
+
+
+def test_abort_ends_fit_without_a_checkpoint(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="aborter", checkpoint_dir=ckpt)
+    probe = At(2, 0, lambda cb: send_and_wait_queued(control, "abort"))
+    history = fit(model, tiny_data, control, probe)
+    assert history.epoch == [0, 1, 2]
+    assert probe.train_end_called
+    assert control.state == "aborted"
+    assert control.checkpoints == []
+    assert not ckpt.exists() or not any(ckpt.iterdir())
+
+
+def test_pause_holds_the_training_thread_and_commands_still_act(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="pauser", checkpoint_dir=ckpt)
+    steps_seen = []
+
+    class Counter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            steps_seen.append(batch)
+
+    def remote():
+        wait_until(lambda: control.state == "paused", message="paused")
+        held_at = len(steps_seen)
+        time.sleep(0.4)
+        assert len(steps_seen) == held_at, "training went on while paused"
+        assert find_run("pauser")["state"] == "paused"
+        send_command(control.fifo, "save")
+        wait_until(lambda: len(control.checkpoints) == 1, message="checkpoint while paused")
+        assert len(steps_seen) == held_at
+        send_command(control.fifo, "resume")
+
+    errors = []
+    thread = threading.Thread(target=lambda: _capture(remote, errors))
+    thread.start()
+    history = fit(model, tiny_data, control, Counter(), At(1, 3, lambda cb: send_and_wait_queued(control, "pause")))
+    thread.join()
+    assert not errors, errors[0]
+    assert history.epoch == list(range(EPOCHS))
+    assert control.state == "finished"
+    assert [e["message"] for e in control.control.events if e["kind"] == "state"][:3] == ["running", "paused", "running"]
+
+
+def test_stop_while_paused(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="pstop", checkpoint_dir=ckpt)
+
+    def remote():
+        wait_until(lambda: control.state == "paused", message="paused")
+        send_command(control.fifo, "stop")
+
+    thread = threading.Thread(target=remote)
+    thread.start()
+    history = fit(model, tiny_data, control, At(0, 1, lambda cb: send_and_wait_queued(control, "pause")))
+    thread.join()
+    assert history.epoch == [0]
+    assert control.state == "stopped"
+    assert read_sidecar(control.checkpoints[0])["step_in_epoch"] == 3
+
+
+def test_a_command_during_validation_acts_before_the_next_epoch(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="val", checkpoint_dir=ckpt)
+    probe = At(0, 0, lambda cb: send_and_wait_queued(control, "stop"), hook="on_test_batch_begin")
+    history = fit(model, tiny_data, control, probe, validation_split=0.25)
+    assert history.epoch == [0]
+    info = read_sidecar(control.checkpoints[0])
+    assert (info["epoch"], info["epoch_complete"], info["resume_epoch"], info["resume_step"]) == (0, True, 1, 0)
+
+
+def test_user_callbacks_finish_their_work_after_stop(make_model, tiny_data, ckpt, tmp_path):
+    model = make_model()
+    control = ControlCallback(name="composer", checkpoint_dir=ckpt)
+    # mode="max" on a falling loss makes epoch 0 the best: restoring is visible.
+    early = keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=100, restore_best_weights=True)
+    saver = keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras"), monitor="loss")
+    board = keras.callbacks.TensorBoard(log_dir=str(tmp_path / "tb"))
+    history = fit(model, tiny_data, control, early, saver, board, At(2, 4, lambda cb: send_and_wait_queued(control, "stop")))
+    assert history.epoch == [0, 1, 2]
+    for restored, best in zip(model.get_weights(), early.best_weights):
+        np.testing.assert_array_equal(restored, best)
+    last = keras.models.load_model(control.checkpoints[0])
+    assert not np.allclose(last.get_weights()[0], model.get_weights()[0])
+    assert (tmp_path / "best.keras").exists()
+    assert any((tmp_path / "tb").rglob("*.tfevents.*"))
+
+
+def test_first_sigint_stops_gracefully_and_the_handler_is_restored(make_model, tiny_data, ckpt):
+    before = signal.getsignal(signal.SIGINT)
+    model = make_model()
+    control = ControlCallback(name="ctrlc", checkpoint_dir=ckpt)
+
+    def interrupt(cb):
+        os.kill(os.getpid(), signal.SIGINT)
+        wait_until(lambda: control.control.channel.pending, message="stop queued")
+
+    history = fit(model, tiny_data, control, At(1, 1, interrupt))
+    assert history.epoch == [0, 1]
+    assert control.state == "stopped"
+    assert read_sidecar(control.checkpoints[0])["reason"] == "interrupt"
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_second_sigint_raises_keyboard_interrupt_and_cleans_up(make_model, tiny_data, ckpt):
+    before = signal.getsignal(signal.SIGINT)
+    model = make_model()
+    control = ControlCallback(name="ctrlc2", checkpoint_dir=ckpt)
+
+    def interrupt_twice(cb):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, tiny_data, control, At(1, 1, interrupt_twice))
+    assert control.state == "failed"
+    assert "second Ctrl+C" in control.control.error
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_failing_fit_marks_the_run_failed_and_releases_everything(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="crash", checkpoint_dir=ckpt)
+
+    def explode(cb):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(model, tiny_data, control, At(1, 2, explode))
+    wait_until(lambda: control.state == "failed", message="the watchdog to notice")
+    assert find_run("crash")["state"] == "failed"
+    with pytest.raises(NotListeningError):
+        control.send("stop")
+
+
+def test_a_taken_name_fails_the_second_fit_clearly(make_model, tiny_data, ckpt):
+    model = make_model()
+    first = ControlCallback(name="twin", checkpoint_dir=ckpt)
+    errors = []
+
+    def second_fit(cb):
+        try:
+            fit(make_model(seed=3), tiny_data, ControlCallback(name="twin", checkpoint_dir=ckpt), epochs=1)
+        except NameTakenError as error:
+            errors.append(error)
+
+    fit(model, tiny_data, first, At(0, 1, second_fit), epochs=1)
+    assert "A run named 'twin' is already running" in str(errors[0])
+    assert first.state == "finished"
+
+
+def test_garbage_on_the_fifo_is_logged_and_the_run_stays_controllable(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="garbage", checkpoint_dir=ckpt)
+
+    def spray(cb):
+        fd = os.open(control.fifo, os.O_WRONLY)
+        os.write(fd, b"\x00\xff garbage\nfrobnicate\n")
+        os.close(fd)
+        wait_until(lambda: any(e["kind"] == "rejected" for e in control.control.events), message="rejections")
+        send_and_wait_queued(control, "stop")
+
+    fit(model, tiny_data, control, At(0, 3, spray))
+    assert control.state == "stopped"
+    rejected = [e["message"] for e in control.control.events if e["kind"] == "rejected"]
+    assert len(rejected) == 2 and "frobnicate" in rejected[1]
+
+
+def test_the_record_shows_live_progress(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="progress", checkpoint_dir=ckpt)
+    seen = {}
+
+    def look(cb):
+        send_and_wait_queued(control, "pause")
+        wait_until(lambda: find_run("progress")["state"] == "paused", message="paused record")
+        seen.update(find_run("progress"))
+        send_command(control.fifo, "resume")
+
+    def pause_later(cb):
+        threading.Thread(target=look, args=(cb,)).start()
+        wait_until(lambda: control.control.channel.pending, message="pause queued")
+
+    fit(model, tiny_data, control, At(2, 4, pause_later))
+    assert (seen["epoch"], seen["epochs"], seen["steps"]) == (3, EPOCHS, 8)
+    assert seen["step"] == 6 and "loss" in seen["metrics"]
+    assert [h["epoch"] for h in seen["history"]] == [1, 2]
+
+
+def test_resume_continues_the_optimizer_step_and_the_epoch(make_model, tiny_data, ckpt):
+    control = ControlCallback(name="first", checkpoint_dir=ckpt)
+    fit(make_model(), tiny_data, control, At(1, 6, lambda cb: send_and_wait_queued(control, "stop")))
+    assert read_sidecar(control.checkpoints[0])["epoch_complete"] is True  # stopped at the epoch's last batch
+
+    resumed_model = make_model(seed=5)
+    resumed = ControlCallback(name="second", checkpoint_dir=ckpt, resume=True)
+    history = fit(resumed_model, tiny_data, resumed)
+    assert history.epoch == [2, 3]
+    assert int(resumed_model.optimizer.iterations.numpy()) == EPOCHS * 8
+    assert getattr(resumed_model, "_initial_epoch", None) is None  # Keras's leftover is put back
+
+
+def test_resume_mid_epoch_equals_an_uninterrupted_run(make_model, tiny_data, ckpt):
+    straight = make_model(seed=7)
+    fit(straight, tiny_data)
+
+    interrupted = make_model(seed=7)
+    first = ControlCallback(name="part1", checkpoint_dir=ckpt)
+    fit(interrupted, tiny_data, first, At(1, 2, lambda cb: send_and_wait_queued(first, "stop")))
+    assert read_sidecar(first.checkpoints[0])["step_in_epoch"] == 4
+
+    continued = make_model(seed=99)  # different initial weights: all must come from the checkpoint
+    history = fit(continued, tiny_data, ControlCallback(name="part2", checkpoint_dir=ckpt, resume=True))
+    assert history.epoch == [1, 2, 3]
+    assert int(continued.optimizer.iterations.numpy()) == int(straight.optimizer.iterations.numpy()) == 32
+    for a, b in zip(continued.get_weights(), straight.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_with_steps_per_execution(tiny_data, ckpt):
+    from helpers import build_model
+
+    model = build_model()
+    model.compile(optimizer="adam", loss="mse", steps_per_execution=2)
+    first = ControlCallback(name="spe", checkpoint_dir=ckpt)
+    fit(model, tiny_data, first, At(0, 3, lambda cb: send_and_wait_queued(first, "stop")))
+    assert read_sidecar(first.checkpoints[0])["step_in_epoch"] % 2 == 0
+
+    again = build_model(seed=1)
+    again.compile(optimizer="adam", loss="mse", steps_per_execution=2)
+    history = fit(again, tiny_data, ControlCallback(name="spe2", checkpoint_dir=ckpt, resume=True), epochs=2)
+    assert history.epoch == [0, 1]
+    assert int(again.optimizer.iterations.numpy()) == 16
+
+
+def test_resume_without_a_checkpoint_starts_from_scratch_and_says_so(make_model, tiny_data, ckpt, capsys):
+    history = fit(make_model(), tiny_data, ControlCallback(name="fresh", checkpoint_dir=ckpt, resume=True), epochs=2)
+    assert history.epoch == [0, 1]
+    assert "No checkpoint in" in capsys.readouterr().out
+
+
+def test_an_instance_can_be_reused_for_several_fits(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="again", checkpoint_dir=ckpt)
+    fit(model, tiny_data, control, epochs=1)
+    assert control.state == "finished"
+    fit(model, tiny_data, control, At(0, 2, lambda cb: send_and_wait_queued(control, "stop")), epochs=1)
+    assert control.state == "stopped"
+    assert len(list_runs()) == 1
+
+
+def _capture(function, errors):
+    try:
+        function()
+    except BaseException as error:  # reported by the test's main thread
+        errors.append(error)

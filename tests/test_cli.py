@@ -1,0 +1,204 @@
+"""The CLI: against runs in this process, and against a training script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, child_env, cli, read_sidecar, wait_until
+from jupyter_traincontrol.cli import main
+from jupyter_traincontrol.commands import Command
+from jupyter_traincontrol.control import RunControl
+from jupyter_traincontrol.registry import find_run, list_runs
+
+TRAIN_SCRIPT = str(REPO / "examples" / "train_with_control.py")
+
+
+@pytest.fixture
+def live_run(tmp_path):
+    """A listening run in this process (no Keras needed to receive commands)."""
+    control = RunControl("alpha", tmp_path / "ck").open()
+    control.set_state("running")
+    control.epoch, control.epochs, control.step, control.steps = 3, 20, 7, 50
+    control.metrics = {"loss": 0.213456}
+    control.publish(force=True)
+    yield control
+    control.close("stopped")
+
+
+def run_main(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_list_prints_a_readable_table(live_run, capsys):
+    code, out, _ = run_main(capsys, "list")
+    assert code == 0
+    header, row = out.strip().splitlines()
+    assert header.split() == ["NAME", "STATE", "EPOCH", "STEP", "LOSS", "AGE", "WHERE"]
+    assert row.split()[:6] == ["alpha", "running", "3/20", "7/50", "0.2135", "0s"]
+
+
+def test_list_json_has_the_documented_fields(live_run, capsys):
+    code, out, _ = run_main(capsys, "list", "--json")
+    (record,) = json.loads(out)
+    for field in ["name", "state", "fifo", "checkpoint_dir", "checkpoints", "epoch", "step", "metrics", "pid", "started"]:
+        assert field in record, field
+    assert record["fifo"] == live_run.channel.address
+    assert record["checkpoint_dir"] == str(live_run.store.directory)
+
+
+def test_list_with_no_runs(capsys):
+    assert run_main(capsys, "list") == (0, "No training runs are listed.\n", "")
+    assert run_main(capsys, "list", "--json") == (0, "[]\n", "")
+
+
+def test_send_delivers_through_the_fifo(live_run, capsys):
+    code, out, err = run_main(capsys, "send", "alpha", "save")
+    assert (code, out, err) == (0, "Sent save to alpha.\n", "")
+    assert live_run.channel.wait(5) and live_run.channel.pop() is Command.SAVE
+
+
+@pytest.mark.parametrize(
+    "argv, code, message",
+    [
+        (["send", "alpha", "frobnicate"], 2, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume."),
+        (["send", "nobody", "stop"], 3, "No run named 'nobody'. Runs listed: alpha."),
+    ],
+)
+def test_send_errors_are_one_line_with_distinct_exit_codes(live_run, capsys, argv, code, message):
+    got_code, out, err = run_main(capsys, *argv)
+    assert got_code == code
+    assert err == f"jupyter-traincontrol: error: {message}\n"
+    assert out == ""
+    assert not live_run.channel.pending
+
+
+def test_send_to_an_ended_run_says_it_no_longer_listens(tmp_path, capsys):
+    control = RunControl("done", tmp_path / "ck").open()
+    control.close("finished")
+    code, _, err = run_main(capsys, "send", "done", "stop")
+    assert code == 4
+    assert err == "jupyter-traincontrol: error: Run 'done' has ended (finished); it takes no more commands.\n"
+
+
+def test_send_never_hangs_when_nobody_reads(live_run, capsys):
+    """A record that still says running, but whose FIFO has no reader."""
+    live_run.channel.close()  # the reader is gone, the record is stale
+    started = time.monotonic()
+    code, _, err = run_main(capsys, "send", "alpha", "stop")
+    assert code == 4 and "not listening" in err
+    assert time.monotonic() - started < 2
+
+
+def test_help_on_each_verb():
+    for argv in (["--help"], ["list", "--help"], ["send", "--help"]):
+        result = cli(*argv)
+        assert result.returncode == 0, result.stderr
+        assert "usage: jupyter-traincontrol" in result.stdout
+    assert "stop    checkpoint, then end fit gracefully" in cli("send", "--help").stdout
+
+
+def test_jupyter_traincontrol_subcommand_works():
+    exe = subprocess.run([sys.executable, "-m", "jupyter", "traincontrol", "--help"], capture_output=True, text=True, env=child_env())
+    assert exe.returncode == 0, exe.stderr
+    assert "list" in exe.stdout and "send" in exe.stdout
+
+
+def test_the_cli_does_not_import_keras_or_tensorflow():
+    code = "import sys, jupyter_traincontrol.cli; sys.exit(bool({'keras', 'tensorflow'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], env=child_env()).returncode == 0
+
+
+class TrainingProcess:
+    """The example training script in a subprocess, started and read."""
+
+    def __init__(self, *args: str):
+        self.process = subprocess.Popen(
+            [sys.executable, TRAIN_SCRIPT, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        )
+        for line in self.process.stdout:
+            if line.startswith("READY "):
+                self.name, self.fifo = line.split()[1:3]
+                break
+        else:
+            raise AssertionError(f"training script ended early: {self.process.stderr.read()}")
+
+    def finish(self, timeout: float = 60) -> tuple[int, dict | None, str]:
+        out, err = self.process.communicate(timeout=timeout)
+        results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+        return self.process.returncode, (results[0] if results else None), err
+
+
+def test_cli_stops_a_training_script(tmp_path):
+    training = TrainingProcess("--name", "script", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200")
+    listed = json.loads(cli("list", "--json").stdout)
+    assert [r["name"] for r in listed] == ["script"] and listed[0]["state"] == "running"
+    assert listed[0]["pid"] == training.process.pid
+    saved = cli("send", "script", "save", "--wait", "30")
+    assert saved.returncode == 0, saved.stderr
+    assert "state running" in saved.stdout
+    assert len(json.loads(cli("list", "--json").stdout)[0]["checkpoints"]) == 1
+    stopped = cli("send", "script", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    code, result, err = training.finish()
+    assert code == 0, err
+    assert result["state"] == "stopped"
+    assert len(result["checkpoints"]) == 2
+    assert read_sidecar(result["checkpoints"][-1])["reason"] == "stop"
+    # The process is gone: its record goes with it.
+    assert json.loads(cli("list", "--json").stdout) == []
+    assert cli("send", "script", "stop").returncode == 3
+
+
+def test_echo_into_the_fifo_stops_a_training_script(tmp_path):
+    training = TrainingProcess("--name", "echo", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200")
+    subprocess.run(["sh", "-c", f"echo stop > '{training.fifo}'"], check=True, timeout=10)
+    code, result, err = training.finish()
+    assert code == 0, err
+    assert result["state"] == "stopped" and len(result["checkpoints"]) == 1
+
+
+def test_first_ctrl_c_stops_with_a_checkpoint(tmp_path):
+    training = TrainingProcess("--name", "sig", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200")
+    training.process.send_signal(signal.SIGINT)
+    code, result, err = training.finish()
+    assert code == 0, err
+    assert result["state"] == "stopped"
+    assert read_sidecar(result["checkpoints"][-1])["reason"] == "interrupt"
+    assert "Ctrl+C: stopping after this batch" in err
+
+
+def test_second_ctrl_c_raises_keyboard_interrupt(tmp_path):
+    # A slow batch keeps the run inside fit between the two presses.
+    training = TrainingProcess("--name", "sig2", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200", "--batch-sleep", "1.0")
+    training.process.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    training.process.send_signal(signal.SIGINT)
+    code, result, err = training.finish()
+    assert code != 0 and result is None
+    assert "KeyboardInterrupt" in err
+
+
+def test_resume_continues_after_a_stopped_script(tmp_path):
+    ckpt = str(tmp_path / "ck")
+    first = TrainingProcess("--name", "part1", "--checkpoint-dir", ckpt, "--epochs", "6", "--batch-sleep", "0.05")
+    wait_until(lambda: (find_run("part1").get("epoch") or 0) >= 2, timeout=60, message="epoch 2")
+    assert cli("send", "part1", "stop").returncode == 0
+    code, stopped, err = first.finish()
+    assert code == 0, err
+    info = read_sidecar(stopped["checkpoints"][-1])
+    second = TrainingProcess("--name", "part2", "--checkpoint-dir", ckpt, "--epochs", "6", "--batch-sleep", "0", "--resume")
+    code, resumed, err = second.finish()
+    assert code == 0, err
+    assert resumed["state"] == "finished"
+    assert resumed["epochs"][0] == info["resume_epoch"]
+    assert resumed["optimizer_step"] == 6 * 14  # 448 training samples / 32 = 14 batches an epoch
+    assert list_runs() == []

@@ -1,0 +1,127 @@
+"""The run registry: private folders, unique names, stale records."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from jupyter_traincontrol.private_fs import UnsafePathError
+from jupyter_traincontrol.registry import (
+    NameTakenError,
+    RunFolder,
+    RunNotFoundError,
+    find_run,
+    list_runs,
+    unique_name,
+    validate_name,
+)
+
+
+def test_claim_makes_private_folders_and_a_record(runtime_dir):
+    folder = RunFolder.claim("alpha")
+    try:
+        assert stat.S_IMODE(os.lstat(runtime_dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.lstat(folder.path).st_mode) == 0o700
+        record = json.loads(folder.record_path.read_text())
+        assert record["name"] == "alpha" and record["state"] == "starting" and record["pid"] == os.getpid()
+        assert [r["name"] for r in list_runs()] == ["alpha"]
+    finally:
+        folder.release()
+    assert list_runs() == []
+
+
+def test_a_live_name_cannot_be_taken_twice():
+    folder = RunFolder.claim("alpha")
+    folder.write_record({"state": "running"})
+    try:
+        with pytest.raises(NameTakenError, match="A run named 'alpha' is already running"):
+            RunFolder.claim("alpha")
+    finally:
+        folder.release()
+
+
+def test_the_name_of_an_ended_run_may_be_reused():
+    first = RunFolder.claim("alpha")
+    first.write_record({"state": "stopped"})
+    second = RunFolder.claim("alpha")
+    try:
+        assert second.run_id != first.run_id
+        first.release()  # the old owner's release must not remove the new run
+        assert second.path.is_dir()
+    finally:
+        second.release()
+
+
+def test_records_of_dead_processes_are_cleaned_when_listed(runtime_dir):
+    code = (
+        "from jupyter_traincontrol.registry import RunFolder;"
+        "f = RunFolder.claim('ghost'); f.write_record({'state': 'running'});"
+        "import os; os._exit(0)"  # dies without cleaning up
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+    assert (runtime_dir / "ghost").is_dir()
+    assert list_runs(clean=False)[0]["live"] is False
+    assert list_runs() == []
+    assert not (runtime_dir / "ghost").exists()
+    RunFolder.claim("ghost").release()  # and the name is free again
+
+
+def test_names_are_validated():
+    for bad in ["", "../x", "a/b", ".hidden", "x" * 65, "sp ace"]:
+        with pytest.raises(ValueError, match="Invalid run name"):
+            validate_name(bad)
+    assert validate_name("run-1.b_2") == "run-1.b_2"
+
+
+def test_unique_name_skips_listed_runs():
+    folder = RunFolder.claim("run-1")
+    try:
+        assert unique_name() == "run-2"
+    finally:
+        folder.release()
+
+
+def test_find_run_names_the_runs_it_knows():
+    folder = RunFolder.claim("alpha")
+    try:
+        with pytest.raises(RunNotFoundError, match="No run named 'beta'. Runs listed: alpha."):
+            find_run("beta")
+    finally:
+        folder.release()
+
+
+def test_a_symlinked_registry_is_refused(runtime_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    runtime_dir.symlink_to(elsewhere)
+    with pytest.raises(UnsafePathError, match="symlink"):
+        RunFolder.claim("alpha")
+
+
+def test_a_preplanted_run_folder_symlink_is_refused(runtime_dir, tmp_path):
+    runtime_dir.mkdir(mode=0o700)
+    (runtime_dir / "alpha").symlink_to(tmp_path)
+    with pytest.raises(UnsafePathError, match="symlink"):
+        RunFolder.claim("alpha")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant a folder owned by another user")
+def test_a_folder_owned_by_another_user_is_refused(runtime_dir):
+    runtime_dir.mkdir(mode=0o700)
+    planted = runtime_dir / "alpha"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 12345, 12345)
+    with pytest.raises(UnsafePathError, match="owned by uid 12345"):
+        RunFolder.claim("alpha")
+
+
+def test_an_open_registry_folder_of_ours_is_tightened(runtime_dir):
+    runtime_dir.mkdir(mode=0o755)
+    os.chmod(runtime_dir, 0o755)
+    RunFolder.claim("alpha").release()
+    assert stat.S_IMODE(os.lstat(runtime_dir).st_mode) == 0o700
