@@ -85,8 +85,9 @@ class SigintGuard:
         self._retired = True
         if threading.current_thread() is threading.main_thread():
             self.uninstall()
-        else:
+        elif hasattr(signal, "pthread_kill"):
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        # else (Windows): the next SIGINT finds the guard retired and restores.
 
     def _handle(self, signum, frame):
         if self._retired:

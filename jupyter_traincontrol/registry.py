@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .private_fs import UnsafePathError, check_private, ensure_private_dir, read_json, write_json_atomic
+from .private_fs import check_private, ensure_private_dir, read_json, write_json_atomic
 from .processes import process_alive, process_start_ticks
 
 __all__ = [
@@ -283,5 +283,3 @@ def unique_name(prefix: str = "run", root: Path | None = None) -> str:
         number += 1
     return f"{prefix}-{number}"
 
-
-__all__ += ["UnsafePathError"]
