@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import child_env
 
-MODEL_SETUP = """
+BASE_SETUP = """
 import time, numpy as np, keras
 keras.utils.set_random_seed(0)
 x = np.random.default_rng(0).random((64, 3), dtype="float32")
@@ -19,9 +19,12 @@ model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
 class Slow(keras.callbacks.Callback):
     def __init__(self, seconds): super().__init__(); self.seconds = seconds
     def on_train_batch_end(self, batch, logs=None): time.sleep(self.seconds)
-%load_ext jupyter_traincontrol
+class SlowValidation(keras.callbacks.Callback):
+    def __init__(self, seconds): super().__init__(); self.seconds = seconds
+    def on_test_batch_begin(self, batch, logs=None): time.sleep(self.seconds)
 import jupyter_traincontrol
 """
+MODEL_SETUP = BASE_SETUP + "%load_ext jupyter_traincontrol\n"
 
 
 class ExecuteResult:
@@ -42,6 +45,16 @@ class ExecuteResult:
     @property
     def stderr(self) -> str:
         return "".join(m["content"]["text"] for m in self.messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+
+    @property
+    def ename(self) -> str | None:
+        """The exception name of a failed cell, from its reply (UsageErrors
+        have no error message on iopub, only the reply and stderr)."""
+        return self.reply["content"].get("ename") if self.reply else None
+
+    @property
+    def evalue(self) -> str | None:
+        return self.reply["content"].get("evalue") if self.reply else None
 
     @property
     def error(self) -> dict | None:
@@ -75,10 +88,26 @@ class Kernel:
             return msg_id
         return self.collect(msg_id, timeout)
 
+    def start_busy_cell(self, seconds: float = 30, timeout: float = 60) -> str:
+        """Starts a cell that sleeps, and returns once it is surely running
+        (it has printed), so an interrupt now finds the kernel busy."""
+        msg_id = self.kc.execute(f"import time; print('busy', flush=True); time.sleep({seconds})")
+        deadline = time.monotonic() + timeout
+        self._early: list[dict] = []
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            self._early.append(msg)
+            if msg["msg_type"] == "stream" and "busy" in msg["content"]["text"]:
+                return msg_id
+        raise TimeoutError("the busy cell did not start")
+
     def collect(self, msg_id: str, timeout: float = 60) -> ExecuteResult:
         """Collects the iopub messages and the reply of an execute request."""
         deadline = time.monotonic() + timeout
-        messages = []
+        messages = list(getattr(self, "_early", []))
+        self._early = []
         while time.monotonic() < deadline:
             try:
                 msg = self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
