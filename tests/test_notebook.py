@@ -280,3 +280,79 @@ def test_ten_runs_leave_nothing_behind(kernel):
     records = list_runs()
     assert len(records) == 10
     assert all(record["state"] == "finished" and record["fifo"] is None for record in records)
+
+
+def test_defaults_are_configurable_with_traitlets(kernel, tmp_path):
+    kernel.execute("%config TrainControlMagics.keep = 1")
+    kernel.execute("%config TrainControlMagics.checkpoint_dir = 'ckpts/{name}-dir'")
+    kernel.execute("%config TrainControlMagics.on_interrupt = 'save'")
+    start_fit(kernel, "configured")
+    kernel.interrupt()  # save: a checkpoint, and training goes on
+    kernel.wait_for(f"len({RUN}.checkpoints) == 1", timeout=30)
+    assert kernel.value(f"{RUN}.state") == "running"
+    kernel.execute(f"{RUN}.save()")
+    kernel.wait_for(f"{RUN}.control.events[-1]['kind'] == 'checkpoint'", timeout=30)
+    kernel.execute(f"{RUN}.stop()")
+    kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    kept = sorted((tmp_path / "ckpts" / "configured-dir").glob("*.keras"))
+    assert len(kept) == 1 and kept[0].name.startswith("ckpt-000003-")  # keep=1
+
+
+def test_loads_from_the_kernel_config_too(tmp_path, runtime_dir):
+    from kernel_harness import BASE_SETUP
+
+    runtime_dir.parent.mkdir(exist_ok=True)
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text("c.InteractiveShellApp.extensions = ['jupyter_traincontrol']\n")
+    kernel = Kernel(tmp_path, runtime_dir.parent, setup=BASE_SETUP, env={"IPYTHONDIR": str(profile.parent)})
+    try:
+        start_fit(kernel, "from-config")
+        kernel.interrupt()  # the kernel was idle since start: the hooks were installed at load
+        kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    finally:
+        kernel.shutdown()
+
+
+def test_top_level_await_and_subprocesses_still_work(kernel):
+    start_fit(kernel, "await")
+    assert "hello" in kernel.execute("!echo hello").stdout
+    assert kernel.value("__import__('subprocess').run(['true']).returncode") == 0
+    msg_id = kernel.execute("import asyncio\nprint('busy', flush=True)\nawait asyncio.sleep(30)", wait=False)
+    time.sleep(2.0)
+    started = time.monotonic()
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=20)
+    assert time.monotonic() - started < 10  # cancelled promptly, not after 30 s
+    assert result.ename in ("KeyboardInterrupt", "CancelledError")
+    kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+
+
+def test_plain_ipython_terminal_gets_a_text_summary(tmp_path, runtime_dir):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import child_env
+
+    runtime_dir.parent.mkdir(exist_ok=True)
+    script = tmp_path / "session.ipy"
+    script.write_text(
+        "import numpy as np, keras\n"
+        "x = np.random.rand(64, 3).astype('float32'); y = x.sum(1, keepdims=True)\n"
+        "model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]); model.compile('adam', 'mse')\n"
+        "%load_ext jupyter_traincontrol\n"
+        "run = get_ipython().run_cell_magic('interruptible_fit', '--name term', 'model.fit(x, y, epochs=2, verbose=0)')\n"
+        "run.wait()\n"
+        "print(repr(run.state))\n"
+        "get_ipython().run_line_magic('pprint', '')\n"
+        "print(run._repr_mimebundle_().keys())\n"
+    )
+    ipython = str(Path(sys.executable).parent / "ipython")
+    result = subprocess.run([ipython, "--no-banner", "--quick", str(script)], capture_output=True, text=True,
+                            cwd=tmp_path, env=child_env(runtime_dir.parent), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "[traincontrol] term: running" in result.stdout
+    assert "[traincontrol] term: finished" in result.stdout
+    assert "'finished'" in result.stdout
+    assert "dict_keys(['text/plain'])" in result.stdout
