@@ -85,6 +85,19 @@ def test_interrupt_during_a_busy_cell_interrupts_that_cell_and_stops_the_run(ker
     assert kernel.value(f"len({RUN}.checkpoints)") == 1
 
 
+def test_the_panel_says_when_clicks_must_wait_for_a_busy_kernel(kernel):
+    start_fit(kernel, "waiting")
+    msg_id = kernel.start_busy_cell(seconds=2)
+    result = kernel.collect(msg_id, timeout=30)
+    updates = [m["content"]["data"].get("state", {}) for m in result.messages if m["msg_type"] == "comm_msg"]
+    notes = [state.get("value", "") for state in updates if "kernel is busy" in str(state.get("value", ""))]
+    assert notes, "the panel never said the kernel was busy"
+    assert "jupyter-traincontrol send waiting stop" in notes[0]
+    kernel.wait_for(f"'kernel is busy' not in {RUN}.panel.note.value", timeout=10)
+    kernel.execute(f"{RUN}.abort()")
+    kernel.wait_for(f"{RUN}.state == 'aborted'")
+
+
 def test_interrupt_with_no_run_is_a_plain_keyboard_interrupt(kernel):
     msg_id = kernel.start_busy_cell()
     kernel.interrupt()
@@ -265,8 +278,8 @@ def test_unload_restores_what_load_changed(tmp_path, runtime_dir):
         kernel.shutdown()
 
 
-def test_ten_runs_leave_nothing_behind(kernel):
-    for index in range(10):
+def test_twenty_runs_leave_nothing_behind(kernel):
+    for index in range(20):
         kernel.execute(f"%%interruptible_fit --name many-{index}\nmodel.fit(x, y, epochs=1, verbose=0)\n")
         kernel.wait_for(f"{RUN}.state == 'finished' and not {RUN}.active", timeout=60)
     kernel.execute(f"{RUN}.panel.join(5); {RUN}.join(5)")
@@ -278,7 +291,7 @@ def test_ten_runs_leave_nothing_behind(kernel):
     )
     assert leftovers == [[], 0, "OutStream", False]
     records = list_runs()
-    assert len(records) == 10
+    assert len(records) == 20
     assert all(record["state"] == "finished" and record["fifo"] is None for record in records)
 
 
