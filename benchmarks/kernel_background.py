@@ -33,7 +33,14 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 from notebook_runner import KernelSession  # noqa: E402
 
 SETUP = """
-import time, threading, json, numpy as np, keras
+import gc, time, threading, json, numpy as np, keras
+_gc_pauses = []
+def _gc_timer(phase, info, _started=[0.0]):
+    if phase == "start":
+        _started[0] = time.perf_counter()
+    else:
+        _gc_pauses.append((info["generation"], time.perf_counter() - _started[0]))
+gc.callbacks.append(_gc_timer)
 rng = np.random.default_rng(0)
 x = rng.normal(size=({samples}, 256)).astype("float32")
 y = rng.normal(size=({samples}, 1)).astype("float32")
@@ -48,7 +55,9 @@ class Gaps(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self.total = time.perf_counter() - self.start
 def summary(g):
-    return json.dumps({{"total": g.total, "max_gap": max(g.gaps[1:]), "stalls": sum(1 for v in g.gaps if v > 0.5)}})
+    pauses = [p for _, p in _gc_pauses]; _gc_pauses.clear()
+    return json.dumps({{"total": g.total, "max_gap": max(g.gaps[1:]), "stalls": sum(1 for v in g.gaps if v > 0.5),
+                        "max_gc": max(pauses, default=0.0)}})
 model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # warm up: trace the train function once
 """
 
@@ -103,18 +112,25 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name in ("script", "thread-verbose", "thread-quiet", "magic")}
     try:
         kernel.execute(setup + "\n%load_ext jupyter_traincontrol\nimport jupyter_traincontrol\n", timeout=300)
-        for index in range(args.repeats):  # alternate the variants so machine noise cancels
-            results["script"].append(run_script(setup, args.epochs))
-            results["thread-verbose"].append(run_in_kernel(kernel, THREAD.format(epochs=args.epochs, verbose=1)))
-            results["thread-quiet"].append(run_in_kernel(kernel, THREAD.format(epochs=args.epochs, verbose=0)))
-            results["magic"].append(run_magic(kernel, index, args.epochs))
+        variants = {
+            "script": lambda index: run_script(setup, args.epochs),
+            "thread-verbose": lambda index: run_in_kernel(kernel, THREAD.format(epochs=args.epochs, verbose=1)),
+            "thread-quiet": lambda index: run_in_kernel(kernel, THREAD.format(epochs=args.epochs, verbose=0)),
+            "magic": lambda index: run_magic(kernel, index, args.epochs),
+        }
+        names = list(variants)
+        for index in range(args.repeats):  # alternate the variants, rotating their order, so noise cancels
+            for name in names[index % 4:] + names[: index % 4]:
+                results[name].append(variants[name](index))
     finally:
         kernel.shutdown()
-    print(f"fit of {args.epochs} epochs x 40 batches, {args.repeats} alternating repeats (median seconds; longest gap between batches over all repeats)")
+    print(f"fit of {args.epochs} epochs x 40 batches, {args.repeats} alternating repeats "
+          "(median seconds; longest gap between batches and longest garbage-collector pause over all repeats)")
     medians = {}
     for name, runs in results.items():
         medians[name] = statistics.median(r["total"] for r in runs)
-        print(f"  {name:15s} {medians[name]:7.3f} s   longest gap {max(r['max_gap'] for r in runs) * 1000:7.1f} ms   gaps > 0.5 s: {sum(r['stalls'] for r in runs)}")
+        print(f"  {name:15s} {medians[name]:7.3f} s   longest gap {max(r['max_gap'] for r in runs) * 1000:7.1f} ms   "
+              f"gaps > 0.5 s: {sum(r['stalls'] for r in runs)}   longest GC pause {max(r['max_gc'] for r in runs) * 1000:6.1f} ms")
     print(
         "SUMMARY kernel_background: "
         f"magic/script {medians['magic'] / medians['script']:.3f}x, "
