@@ -108,7 +108,7 @@ def loss_chart_svg(history: list[dict], width: int = 360, height: int = 130) -> 
         parts.append(f'<polyline points="{coords}" fill="none" stroke="{colors[key]}" stroke-width="2"/>')
         for e, v in values[-1:]:
             parts.append(f'<circle cx="{x(e):.1f}" cy="{y(v):.1f}" r="3" fill="{colors[key]}"/>')
-        parts.append(f'<text x="{left + 8 + index * 70}" y="{top + 12}" fill="{colors[key]}">{key}</text>')
+        parts.append(f'<text x="{left + plot_w - 6}" y="{top + 13 + index * 13}" text-anchor="end" fill="{colors[key]}">{key}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -266,7 +266,7 @@ class ControlPanel:
             )
         if state == "failed" and self.run.error:
             lines.append(f'<pre style="color:#d93025;white-space:pre-wrap">{html.escape(self.run.error)}</pre>')
-        return "".join(f'<div style="font-size:12px">{line}</div>' for line in lines)
+        return "".join(f'<div style="font-size:12px;line-height:1.4">{line}</div>' for line in lines)
 
     def _output_html(self) -> str:
         text = self.run.output.text()
@@ -274,19 +274,18 @@ class ControlPanel:
             return ""
         tail = "\n".join(text.splitlines()[-15:])
         return (
-            '<div style="font-size:11px;color:#777">Output of the training thread:</div>'
-            f'<pre style="max-height:12em;overflow:auto;font-size:11px;margin:0">{html.escape(tail)}</pre>'
+            '<div style="font-size:11px;color:#777;line-height:1.4">Output of the training thread:</div>'
+            f'<pre style="max-height:12em;overflow:auto;font-size:11px;margin:0;line-height:1.3">{html.escape(tail)}</pre>'
         )
 
 
 def _metrics_html(metrics: dict) -> str:
-    if not metrics:
-        return ""
+    cell = "padding:0 6px;line-height:1.4"
     rows = "".join(
-        f"<tr><td>{html.escape(str(key))}</td><td style='text-align:right'>{value:.4g}</td></tr>"
+        f'<tr><td style="{cell}">{html.escape(str(key))}</td><td style="{cell};text-align:right">{value:.4g}</td></tr>'
         for key, value in metrics.items() if isinstance(value, (int, float))
     )
-    return f'<table style="font-size:12px;margin-left:12px">{rows}</table>'
+    return f'<table style="font-size:12px;margin-left:12px;border-collapse:collapse">{rows}</table>' if rows else ""
 
 
 def _log_html(events: list[dict]) -> str:
@@ -297,7 +296,7 @@ def _log_html(events: list[dict]) -> str:
         color = colors.get(event["kind"], "#444")
         message = event["message"] if event["kind"] != "state" else f"state: {event['message']}"
         lines.append(f'<div style="color:{color}">{stamp} {html.escape(message)}</div>')
-    return f'<div style="font-size:11px;font-family:monospace">{"".join(lines)}</div>'
+    return f'<div style="font-size:11px;font-family:monospace;line-height:1.4">{"".join(lines)}</div>'
 
 
 class TextReporter:
