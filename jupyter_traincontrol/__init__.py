@@ -1,7 +1,10 @@
 """jupyter-traincontrol: stop, save, abort, pause and resume Keras training gracefully.
 
 Public names are imported lazily, so that ``jupyter-traincontrol`` (the CLI)
-and the Jupyter server extension start without importing Keras.
+and the Jupyter server extension start without importing Keras. The
+``_jupyter_*`` functions are the entry points by which Jupyter finds the
+server extension (`jupyter_traincontrol.server`) and the prebuilt JupyterLab
+extension (``jupyter_traincontrol/labextension``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,16 @@ _LAZY = {
     "send": ("cli", "send_to_run"),
     "list_runs": ("registry", "list_runs"),
 }
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """Where Jupyter Server finds the extension's load function."""
+    return [{"module": "jupyter_traincontrol.server"}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the prebuilt extension, relative to this package."""
+    return [{"src": "labextension", "dest": "jupyter-traincontrol"}]
 
 
 def __getattr__(name: str):
