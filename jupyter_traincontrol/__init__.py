@@ -29,9 +29,11 @@ _LAZY = {
 }
 
 
-def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    """Where Jupyter Server finds the extension's load function."""
-    return [{"module": "jupyter_traincontrol.server"}]
+def _jupyter_server_extension_points() -> list[dict]:
+    """Where Jupyter Server finds the extension (imported only by the server)."""
+    from .server import TrainControlApp
+
+    return [{"module": "jupyter_traincontrol.server", "app": TrainControlApp}]
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -12,35 +12,48 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from jupyter_server.utils import url_path_join
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Int
 
 from .handlers import EXECUTOR_SETTING, CommandsHandler, RunsHandler
 
-__all__ = ["API_PATH"]
+__all__ = ["API_PATH", "TrainControlApp"]
 
 #: Where the API lives, under the server's base URL.
 API_PATH = "traincontrol/api"
-_RUN_NAME = r"(?P<name>[^/]+)"
 
 
-def _load_jupyter_server_extension(server_app) -> None:
-    """Adds the API's routes and its thread pool to `server_app`."""
-    web_app = server_app.web_app
-    base = url_path_join(web_app.settings["base_url"], API_PATH)
-    web_app.settings[EXECUTOR_SETTING] = ThreadPoolExecutor(max_workers=4, thread_name_prefix="traincontrol-server")
-    web_app.add_handlers(
-        ".*$",
-        [
-            (url_path_join(base, "runs"), RunsHandler),
-            (url_path_join(base, "runs", _RUN_NAME, "commands"), CommandsHandler),
-        ],
-    )
-    server_app.log.info("jupyter_traincontrol: training runs API at %s/runs", base)
+class TrainControlApp(ExtensionApp):
+    """Adds the training runs API to a Jupyter server, and owns its thread pool.
 
+    The pool runs registry reads and FIFO writes, so that file work never
+    stalls the server's event loop; it is shut down when the server stops.
+    """
 
-def _unload_jupyter_server_extension(server_app) -> None:
-    """Shuts the thread pool down (the server is stopping)."""
-    executor = server_app.web_app.settings.pop(EXECUTOR_SETTING, None)
-    if executor is not None:
-        executor.shutdown(wait=True)
+    name = "jupyter_traincontrol"
+    load_other_extensions = True
 
+    threads = Int(
+        4,
+        help="Threads that read run records and write commands to FIFOs, off the server's event loop.",
+    ).tag(config=True)
+
+    def initialize_settings(self) -> None:
+        self.settings[EXECUTOR_SETTING] = ThreadPoolExecutor(
+            max_workers=self.threads, thread_name_prefix="traincontrol-server"
+        )
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(
+            [
+                (f"{API_PATH}/runs", RunsHandler),
+                (rf"{API_PATH}/runs/(?P<name>[^/]+)/commands", CommandsHandler),
+            ]
+        )
+        self.log.info("jupyter_traincontrol: training runs API at %s/runs", API_PATH)
+
+    async def stop_extension(self) -> None:
+        """Shuts the thread pool down (the server is stopping)."""
+        executor = self.serverapp.web_app.settings.pop(EXECUTOR_SETTING, None)
+        if executor is not None:
+            executor.shutdown(wait=True)
