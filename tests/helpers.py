@@ -129,7 +129,16 @@ class TrainingProcess:
         return self.process.returncode, (results[0] if results else None), err
 
     def kill(self) -> None:
-        """Ends the process if it still runs (for test teardown). Idempotent."""
+        """Ends the process if it still runs (for test teardown). Idempotent.
+
+        A killed process leaves its run folder (FIFO included) behind; listing
+        the runs removes the folders of dead processes, as it would for a user.
+        """
         if self.process.poll() is None:
             self.process.kill()
-        self.process.communicate()
+            self.process.communicate()
+            from jupyter_traincontrol.registry import list_runs
+
+            list_runs()
+        else:
+            self.process.communicate()

@@ -138,8 +138,9 @@ export async function fetchRuns(): Promise<IRun[]> {
         404,
         'The jupyter_traincontrol server extension is not enabled on this ' +
           'Jupyter server (GET traincontrol/api/runs answered 404). Install ' +
-          'jupyter-traincontrol in the environment that runs the server, ' +
-          'or enable it with: jupyter server extension enable jupyter_traincontrol'
+          'jupyter-traincontrol in the environment that runs the server, or ' +
+          'enable it with `jupyter server extension enable jupyter_traincontrol`, ' +
+          'then restart the server.'
       );
     }
     throw error;

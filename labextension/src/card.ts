@@ -6,10 +6,12 @@ import { Command, IRun } from './api';
 import { lossChart, text } from './chart';
 import {
   baseName,
+  dirName,
   duration,
   epochText,
   fraction,
   metricsText,
+  NBSP,
   whereText
 } from './format';
 import { isActive } from './model';
@@ -41,7 +43,7 @@ export class RunCard {
     for (const spec of BUTTONS) {
       const button = document.createElement('button');
       button.type = 'button';
-      button.className = 'jp-Button jp-mod-styled jp-mod-reject jp-TrainControl-button';
+      button.className = 'jp-TrainControl-button';
       button.textContent = spec.label;
       button.title = spec.title;
       button.dataset.command = spec.command;
@@ -124,11 +126,12 @@ export class RunCard {
       words.push(epoch);
     }
     if (run.step || run.steps) {
-      words.push(`batch ${fraction(run.step, run.steps)}`);
+      words.push(`batch${NBSP}${fraction(run.step, run.steps)}`);
     }
     const end = run.ended ?? now;
     if (run.started) {
-      words.push(isActive(run) ? `${duration(end - run.started)}` : `ran ${duration(end - run.started)}`);
+      const elapsed = duration(end - run.started);
+      words.push(isActive(run) ? `${elapsed}${NBSP}elapsed` : `ran${NBSP}${elapsed}`);
     }
     box.appendChild(text('span', 'jp-TrainControl-progressText', words.join(' · ') || 'waiting for the first batch'));
     if (run.epochs && run.epoch) {
@@ -166,11 +169,17 @@ export class RunCard {
     list.className = 'jp-TrainControl-checkpoints';
     list.setAttribute('aria-label', 'checkpoints');
     for (const path of paths) {
-      const item = text('li', 'jp-TrainControl-checkpoint', path);
+      const item = text('li', 'jp-TrainControl-checkpoint', baseName(path));
       item.title = path;
+      item.dataset.path = path;
       list.appendChild(item);
     }
-    return [text('div', 'jp-TrainControl-checkpointLabel', 'checkpoints'), list];
+    const folder = dirName(paths[paths.length - 1]);
+    const label = text('div', 'jp-TrainControl-checkpointLabel', `${paths.length === 1 ? 'checkpoint' : 'checkpoints'} in `);
+    const where = text('span', 'jp-TrainControl-checkpointDir', folder);
+    where.title = folder;
+    label.appendChild(where);
+    return [label, list];
   }
 
   private async _press(button: HTMLButtonElement): Promise<void> {

@@ -4,6 +4,9 @@
  */
 import { IRun } from './api';
 
+/** A non-breaking space: keeps `loss 0.21` or `pid 4711` on one line. */
+export const NBSP = '\u00a0';
+
 /** A metric value with 4 significant digits (`0.2131`, `1.235e-05`). */
 export function formatNumber(value: unknown): string {
   if (typeof value !== 'number' || !isFinite(value)) {
@@ -26,7 +29,7 @@ export function fraction(done?: number | null, total?: number | null): string {
 
 /** `epoch 4/20`, or '' before the first epoch. */
 export function epochText(run: IRun): string {
-  return run.epoch ? `epoch ${fraction(run.epoch, run.epochs)}` : '';
+  return run.epoch ? `epoch${NBSP}${fraction(run.epoch, run.epochs)}` : '';
 }
 
 /** The latest metrics, loss first: `loss 0.2131 · val_loss 0.245 · mae 0.3`. */
@@ -35,7 +38,7 @@ export function metricsText(run: IRun, limit = 4): string {
   const names = Object.keys(metrics).sort((a, b) => rank(a) - rank(b));
   return names
     .slice(0, limit)
-    .map(name => `${name} ${formatNumber(metrics[name])}`)
+    .map(name => `${name}${NBSP}${formatNumber(metrics[name])}`)
     .join(' · ');
 }
 
@@ -51,6 +54,12 @@ export function baseName(path: string): string {
   return parts[parts.length - 1] || path;
 }
 
+/** The folder of a path (`a/b/c.keras` -> `a/b`). */
+export function dirName(path: string): string {
+  const index = Math.max(path.lastIndexOf('/'), path.lastIndexOf('\\'));
+  return index > 0 ? path.slice(0, index) : path;
+}
+
 /**
  * Where the run lives, in a few words: its notebook if the run belongs to a
  * kernel of this server, else its kernel or its process.
@@ -64,7 +73,7 @@ export function whereText(run: IRun): string {
     return `kernel ${run.kernel_id.slice(0, 8)} (${on})`;
   }
   const origin = run.origin || 'process';
-  return run.pid ? `${origin} · pid ${run.pid}` : origin;
+  return run.pid ? `${origin} · pid${NBSP}${run.pid}` : origin;
 }
 
 /** `45s`, `3m05s`, `2h04m`. */

@@ -45,9 +45,18 @@ export class RunsPanel extends Widget {
     this.node.classList.toggle('jp-mod-unreachable', error !== null);
     if (error) {
       this._banner.className = 'jp-TrainControl-banner jp-mod-error';
-      this._banner.textContent =
-        (error.status === 0 ? 'The Jupyter server cannot be reached. ' : '') +
-        `${error.message} Retrying with backoff; runs below may be out of date.`;
+      const title = error.status === 404 ? 'Server extension not found' : 'Cannot list the training runs';
+      this._banner.replaceChildren(
+        text('div', 'jp-TrainControl-bannerTitle', title),
+        text('div', 'jp-TrainControl-bannerMessage', error.message),
+        text(
+          'div',
+          'jp-TrainControl-bannerRetry',
+          runs.length
+            ? 'Retrying, less and less often. The runs below may be out of date.'
+            : 'Retrying, less and less often.'
+        )
+      );
     } else if (!loaded) {
       this._banner.className = 'jp-TrainControl-banner';
       this._banner.textContent = 'Loading…';
