@@ -214,6 +214,14 @@ def test_side_panel_shows_a_run_and_stops_it(jupyter, page, training, tmp_path):
     screenshot(page.locator("#jp-main-statusbar"), "statusbar-running")
     screenshot(page, "lab-running")
 
+    # Abort asks first; cancelling leaves the run alone.
+    card.get_by_role("button", name="Abort", exact=True).click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.get_by_text("Abort browser-run?").wait_for()
+    dialog.get_by_role("button", name="Cancel").click()
+    dialog.wait_for(state="detached")
+    assert card.get_attribute("data-state") == "running"
+
     card.get_by_role("button", name="Stop", exact=True).click()
     card.locator(".jp-TrainControl-feedback").filter(has_text="Sent stop to browser-run.").wait_for()
     page.wait_for_selector('.jp-TrainControl-run[data-run="browser-run"][data-state="stopped"]', timeout=30_000)
