@@ -1,37 +1,40 @@
-# Two commands do everything:  `make demo` and `make test`  (and `make lab`).
+# `make lab` runs the main job; `make test` runs the tests. Both set up .venv first.
 PYTHON ?= python3
 VENV   ?= .venv
-BIN    := $(VENV)/bin
+BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
+# Shell commands in notebooks (`!jupyter-traincontrol ...`) find the venv's scripts.
+export PATH := $(BIN):$(PATH)
+LAB_FLAGS ?= --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo test lab clean
+.PHONY: setup demo lab test clean
 
 # The install also builds the JupyterLab extension (npm): redo it when its sources change.
 LAB_SOURCES := setup.py labextension/package.json labextension/package-lock.json labextension/tsconfig.json \
                $(wildcard labextension/src/*.ts labextension/style/*)
-# JupyterLab refuses to run as root unless told.
-LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 $(STAMP): setup.cfg pyproject.toml $(LAB_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e ".[test]"
+	$(BIN)/pip install -e ".[test,lab]"
 	touch $(STAMP)
 
 setup: $(STAMP)
 
-## demo: set up, then train in the background and stop it from the "terminal" (the CLI)
+## demo: the quickstart notebook headless in a real kernel (with a real kernel
+## interrupt), then a script controlled from the command line
 demo: $(STAMP)
+	$(BIN)/python examples/notebook_demo.py
 	$(BIN)/python examples/script_demo.py
 
-## lab: set up, then start JupyterLab with the "Training runs" side panel
-lab: $(STAMP)
-	$(BIN)/jupyter lab $(LAB_ARGS)
+## lab: the headless demo, then JupyterLab on the quickstart notebook
+lab: demo
+	cd notebooks && $(BIN)/jupyter lab quickstart.ipynb $(LAB_FLAGS)
 
-## test: set up, then run the whole test suite
+## test: the whole test suite (what CI runs)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info checkpoints test-artifacts \
+	rm -rf $(VENV) build *.egg-info checkpoints notebooks/checkpoints test-artifacts \
 	       labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo jupyter_traincontrol/labextension

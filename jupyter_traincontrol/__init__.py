@@ -13,7 +13,18 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["ControlCallback", "RunControl", "CheckpointStore", "send", "list_runs", "__version__"]
+__all__ = [
+    "ControlCallback",
+    "RunControl",
+    "CheckpointStore",
+    "TrainingRun",
+    "send",
+    "list_runs",
+    "runs",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+    "__version__",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .callback import ControlCallback
@@ -26,6 +37,8 @@ _LAZY = {
     "CheckpointStore": ("checkpoint", "CheckpointStore"),
     "send": ("cli", "send_to_run"),
     "list_runs": ("registry", "list_runs"),
+    "TrainingRun": ("run", "TrainingRun"),
+    "runs": ("run", "all_runs"),
 }
 
 
@@ -39,6 +52,20 @@ def _jupyter_server_extension_points() -> list[dict]:
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
     """Where JupyterLab finds the prebuilt extension, relative to this package."""
     return [{"src": "labextension", "dest": "jupyter-traincontrol"}]
+
+
+def load_ipython_extension(shell) -> None:
+    """``%load_ext jupyter_traincontrol``: the magic and kernel-interrupt handling."""
+    from .extension import load
+
+    load(shell)
+
+
+def unload_ipython_extension(shell) -> None:
+    """``%unload_ext jupyter_traincontrol``: stop active runs, remove every hook."""
+    from .extension import unload
+
+    unload(shell)
 
 
 def __getattr__(name: str):

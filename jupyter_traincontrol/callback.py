@@ -133,9 +133,24 @@ class ControlCallback(keras.callbacks.Callback):
         channel = self._control.channel
         return channel.address if channel is not None else None
 
+    @property
+    def stop_requested(self) -> bool:
+        """True if the last (or current) `fit` was ended by `stop`."""
+        return self._stop_requested
+
+    @property
+    def abort_requested(self) -> bool:
+        """True if the last (or current) `fit` was ended by `abort`."""
+        return self._abort_requested
+
     def send(self, command: str | Command) -> Command:
         """Sends a command to the run (from any thread), like any writer."""
         return self._control.send(command)
+
+    def note_interrupt(self) -> None:
+        """Marks the next stop as caused by an interrupt (its checkpoint's
+        reason becomes ``interrupt``). Safe from any thread."""
+        self._interrupted = True
 
     # Keras hooks ---------------------------------------------------------
 
@@ -187,6 +202,8 @@ class ControlCallback(keras.callbacks.Callback):
             control.set_state("running")
         if control.state == "stopping":  # the run was stopped before this fit
             self.model.stop_training = True
+        elif self._channel.pending:  # sent while no fit ran: act before the first batch
+            self._apply_commands(mid_epoch=False)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -363,7 +380,7 @@ class ControlCallback(keras.callbacks.Callback):
 
     def _on_first_sigint(self) -> None:
         # In a signal handler: no printing through sys.stdout (not reentrant).
-        self._interrupted = True
+        self.note_interrupt()
         try:
             self._control.send(Command.STOP)
         except Exception:

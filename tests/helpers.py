@@ -70,6 +70,8 @@ def child_env(runtime_dir: Path | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS_DIR), env.get("PYTHONPATH", "")])
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    # Shell commands in kernels (`!jupyter-traincontrol ...`) find this venv's scripts.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if runtime_dir is not None:
         env["JUPYTER_RUNTIME_DIR"] = str(runtime_dir)
     return env

@@ -1,0 +1,339 @@
+"""A training run of ``%%interruptible_fit``: the cell's code on a background thread.
+
+`TrainingRun` executes the cell in the user's namespace on a daemon thread,
+so the kernel stays free for other cells. Every ``fit`` called on that thread
+(directly or through the user's functions) gets the run's `ControlCallback`;
+what the thread prints goes to the run's panel. One `RunControl` spans the
+whole cell: its name, FIFO, record and checkpoints.
+
+Final states: ``failed`` if the cell raised; ``aborted`` / ``stopped`` if a
+``fit`` was ended by that command; ``finished`` otherwise (also when the cell
+never called ``fit``, which the run's log says).
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from .callback import ControlCallback
+from .commands import Command, parse_command
+from .control import RunControl
+from .fit_hook import FitInterceptor, intercept_fit
+from .output import route_thread_output
+from .registry import ACTIVE_STATES
+
+__all__ = ["TrainingRun", "active_runs", "all_runs", "OutputBuffer"]
+
+_INTERRUPT_BURST_SECONDS = 1.0
+
+_runs_lock = threading.Lock()
+_active: list["TrainingRun"] = []
+_history: collections.deque["TrainingRun"] = collections.deque(maxlen=50)
+
+
+def active_runs() -> list["TrainingRun"]:
+    """The runs of this process that have not ended, oldest first."""
+    with _runs_lock:
+        return list(_active)
+
+
+def all_runs() -> list["TrainingRun"]:
+    """The recent runs of this process (the last 50), oldest first."""
+    with _runs_lock:
+        return list(_history)
+
+
+class OutputBuffer:
+    """The last lines a run's thread printed, as a terminal would show them.
+
+    A carriage return rewinds the current line (progress bars), so only its
+    final state is kept.
+
+    Args:
+        max_lines: Lines kept.
+    """
+
+    def __init__(self, max_lines: int = 200):
+        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._current = ""
+        self._lock = threading.Lock()
+        self.version = 0
+
+    def write(self, stream: str, text: str) -> None:
+        """Adds text (from any thread)."""
+        with self._lock:
+            parts = text.split("\n")
+            for index, part in enumerate(parts):
+                if "\r" in part:
+                    self._current = part.rsplit("\r", 1)[1]
+                else:
+                    self._current += part
+                if index < len(parts) - 1:
+                    self._lines.append(self._current)
+                    self._current = ""
+            self.version += 1
+
+    def text(self) -> str:
+        """The kept lines, joined."""
+        with self._lock:
+            lines = list(self._lines) + ([self._current] if self._current else [])
+        return "\n".join(lines)
+
+
+class TrainingRun(FitInterceptor):
+    """The code of one cell, training in the background under control.
+
+    Args:
+        code: Python source (IPython syntax already transformed).
+        namespace: Where it runs (the user namespace).
+        name: The run's name; defaults to the first free ``run-N``.
+        checkpoint_dir: Defaults to ``checkpoints/NAME``.
+        keep: Checkpoints kept. Defaults to 3.
+        resume: Resume the first ``fit`` from the latest checkpoint.
+        on_interrupt: The command a kernel interrupt sends: ``stop``,
+            ``save`` or ``abort``. A second interrupt (more than a second
+            later) while the run is stopping sends ``abort``.
+        extra_record: Fields for the run's record (the kernel id).
+        filename: The name tracebacks give the cell.
+
+    Example:
+
+    >>> run = TrainingRun("history = model.fit(x, y, epochs=5)", user_ns)   # doctest: +SKIP
+    >>> run.start(); run.wait(); run.state                                  # doctest: +SKIP
+    'finished'
+    """
+
+    def __init__(
+        self,
+        code: str,
+        namespace: dict,
+        *,
+        name: str | None = None,
+        checkpoint_dir: str | None = None,
+        keep: int = 3,
+        resume: bool = False,
+        on_interrupt: str = "stop",
+        extra_record: dict[str, Any] | None = None,
+        filename: str = "<interruptible_fit>",
+    ):
+        self.on_interrupt = parse_command(on_interrupt)
+        if self.on_interrupt not in (Command.STOP, Command.SAVE, Command.ABORT):
+            raise ValueError(f"on_interrupt must be stop, save or abort, got {on_interrupt!r}.")
+        self._compiled = compile(code, filename, "exec")
+        self._namespace = namespace
+        self.control = RunControl(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
+        self.callback = ControlCallback(control=self.control, resume=resume, handle_sigint=False, verbose=False)
+        self.output = OutputBuffer()
+        self.history = None
+        self.fit_calls = 0
+        self.batch_size: int | None = None
+        self._ended_by: str | None = None
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_interrupt = float("-inf")
+        self.panel = None  # set by the extension: a ControlPanel or TextReporter
+        self._end_listeners: list[Callable[[TrainingRun], None]] = []
+
+    # Public view -----------------------------------------------------------
+
+    @property
+    def name(self) -> str | None:
+        """The run's name."""
+        return self.control.name
+
+    @property
+    def state(self) -> str:
+        """``starting``, ``running``, ``paused``, ``stopping``, ``stopped``,
+        ``aborted``, ``finished`` or ``failed``."""
+        return self.control.state
+
+    @property
+    def active(self) -> bool:
+        """True until the cell's code has ended."""
+        return self._thread is not None and not self._done.is_set()
+
+    @property
+    def checkpoints(self) -> list:
+        """Paths of the run's complete checkpoints, oldest first."""
+        return [checkpoint.path for checkpoint in self.control.checkpoints()]
+
+    @property
+    def fifo(self) -> str | None:
+        """The run's FIFO while it listens (write commands there)."""
+        channel = self.control.channel
+        return channel.address if channel is not None else None
+
+    @property
+    def error(self) -> str | None:
+        """The traceback of a failed run."""
+        return self.control.error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the run ends.
+
+        Args:
+            timeout: Seconds to wait at most; None waits for ever.
+
+        Returns:
+            True if the run has ended.
+        """
+        return self._done.wait(timeout)
+
+    def send(self, command: str | Command) -> Command:
+        """Sends a command through the run's FIFO (see `ControlCallback`)."""
+        return self.control.send(command)
+
+    def stop(self) -> Command:
+        """Checkpoint, then end ``fit`` gracefully."""
+        return self.send(Command.STOP)
+
+    def save(self) -> Command:
+        """Write a checkpoint; training goes on."""
+        return self.send(Command.SAVE)
+
+    def abort(self) -> Command:
+        """End ``fit`` gracefully without a checkpoint."""
+        return self.send(Command.ABORT)
+
+    def pause(self) -> Command:
+        """Hold the training thread at the next batch boundary."""
+        return self.send(Command.PAUSE)
+
+    def resume(self) -> Command:
+        """Let a paused run go on."""
+        return self.send(Command.RESUME)
+
+    def add_end_listener(self, listener: Callable[["TrainingRun"], None]) -> None:
+        """Calls `listener(run)` on the training thread once the run ended."""
+        self._end_listeners.append(listener)
+
+    # Lifecycle -------------------------------------------------------------
+
+    def start(self) -> "TrainingRun":
+        """Claims the run's name and starts the training thread.
+
+        Raises:
+            NameTakenError: If a live run has the requested name.
+        """
+        self.control.open()
+        with _runs_lock:
+            _active.append(self)
+            _history.append(self)
+        self._thread = threading.Thread(target=self._main, name=f"traincontrol-train-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> None:
+        """Waits for the training thread itself to exit."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _main(self) -> None:
+        final, error = "finished", None
+        try:
+            with route_thread_output(self.output.write), intercept_fit(self):
+                exec(self._compiled, self._namespace)
+        except BaseException as exception:  # the cell failed: record it, keep the kernel healthy
+            final = "failed"
+            error = _format_cell_error(exception)
+        else:
+            if self._ended_by == "abort":
+                final = "aborted"
+            elif self._ended_by == "stop":
+                final = "stopped"
+            elif self.fit_calls == 0:
+                self.control.log("warning", "The cell ended without calling fit: nothing was trained.")
+        finally:
+            self.control.close(final, error)
+            with _runs_lock:
+                if self in _active:
+                    _active.remove(self)
+            for listener in list(self._end_listeners):
+                try:
+                    listener(self)
+                except Exception:
+                    self.control.log("error", f"An end listener failed: {traceback.format_exc(limit=2)}")
+            self._done.set()
+
+    # FitInterceptor ----------------------------------------------------------
+
+    def around_fit(self, fit: Callable, model, args: tuple, kwargs: dict) -> Any:
+        """Adds the control callback to a ``fit`` call of the cell."""
+        if self._ended_by is not None:
+            self.control.log("info", f"fit skipped: the run was told to {self._ended_by}.")
+            return getattr(model, "history", None)
+        bound = inspect.signature(fit).bind(model, *args, **kwargs)
+        arguments = bound.arguments
+        arguments["callbacks"] = [self.callback, *list(arguments.get("callbacks") or [])]
+        arguments.setdefault("verbose", 0)  # the panel shows progress instead
+        self.batch_size = arguments.get("batch_size") or (None if _is_dataset(arguments.get("x")) else 32)
+        self.fit_calls += 1
+        try:
+            history = fit(*bound.args, **bound.kwargs)
+        finally:
+            if self.callback.abort_requested:
+                self._ended_by = "abort"
+            elif self.callback.stop_requested:
+                self._ended_by = "stop"
+            self.callback.resume = False  # only the first fit of the cell resumes
+        self.history = history
+        return history
+
+    # Interrupts --------------------------------------------------------------
+
+    def handle_interrupt(self, now: float | None = None) -> Command | None:
+        """Answers a kernel interrupt: sends `on_interrupt`, or ``abort`` for a
+        second interrupt while stopping. Interrupts less than a second after
+        the previous one belong to the same burst and are ignored.
+
+        Returns:
+            The command sent, or None.
+        """
+        now = time.monotonic() if now is None else now
+        previous, self._last_interrupt = self._last_interrupt, now
+        if now - previous < _INTERRUPT_BURST_SECONDS or self.state not in ACTIVE_STATES:
+            return None
+        repeated = previous != float("-inf")
+        command = Command.ABORT if repeated and self.state == "stopping" else self.on_interrupt
+        if command is Command.STOP:
+            self.callback.note_interrupt()
+        self.control.log("info", f"Kernel interrupt: sending {command}.")
+        try:
+            return self.send(command)
+        except OSError as error:
+            self.control.log("warning", f"Kernel interrupt: could not send {command}: {error}")
+            return None
+
+    def __repr__(self) -> str:
+        return f"<TrainingRun {self.name!r} {self.state}>"
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        from .panel import summary_line
+
+        printer.text(summary_line(self))
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from .panel import summary_line
+
+        widget = getattr(self.panel, "widget", None)
+        bundle = widget._repr_mimebundle_(include=include, exclude=exclude) if widget is not None else {}
+        bundle = dict(bundle or {})
+        bundle["text/plain"] = summary_line(self)
+        return bundle
+
+
+def _is_dataset(x) -> bool:
+    return x is not None and not hasattr(x, "shape") and not isinstance(x, (list, tuple, dict))
+
+
+def _format_cell_error(exception: BaseException) -> str:
+    """The traceback of an exception from the cell, without our own frame."""
+    tb = exception.__traceback__
+    if tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exception), exception, tb))

@@ -1,0 +1,63 @@
+"""A real IPython kernel driven through jupyter_client, for the notebook tests.
+
+`Kernel` is the examples' `KernelSession` (also used by ``make demo``) with
+what the tests add: a prepared tiny model, widget clicks sent as comm
+messages, and a cell that is surely busy when an interrupt arrives.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from helpers import REPO, child_env
+
+sys.path.insert(0, str(REPO / "examples"))
+from notebook_runner import KernelSession  # noqa: E402
+
+BASE_SETUP = """
+import time, numpy as np, keras
+keras.utils.set_random_seed(0)
+x = np.random.default_rng(0).random((64, 3), dtype="float32")
+y = x.sum(axis=1, keepdims=True)
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+class Slow(keras.callbacks.Callback):
+    def __init__(self, seconds): super().__init__(); self.seconds = seconds
+    def on_train_batch_end(self, batch, logs=None): time.sleep(self.seconds)
+class SlowValidation(keras.callbacks.Callback):
+    def __init__(self, seconds): super().__init__(); self.seconds = seconds
+    def on_test_batch_begin(self, batch, logs=None): time.sleep(self.seconds)
+import jupyter_traincontrol
+"""
+MODEL_SETUP = BASE_SETUP + "%load_ext jupyter_traincontrol\n"
+
+
+class Kernel(KernelSession):
+    """A kernel with the tiny model of `MODEL_SETUP` (or `setup`) ready."""
+
+    def __init__(self, cwd: Path, runtime_dir: Path, setup: str | None = MODEL_SETUP, env: dict | None = None):
+        super().__init__(cwd, env={**child_env(runtime_dir), **(env or {})})
+        if setup:
+            result = self.execute(setup, timeout=120)
+            assert result.status == "ok", (result.ename, result.evalue)
+
+    def start_busy_cell(self, seconds: float = 30, timeout: float = 60) -> str:
+        """Starts a cell that sleeps, and returns once it is surely running
+        (it has printed), so an interrupt now finds the kernel busy."""
+        msg_id = self.kc.execute(f"import time; print('busy', flush=True); time.sleep({seconds})")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            self._early.append(msg)
+            if msg["msg_type"] == "stream" and "busy" in msg["content"]["text"]:
+                return msg_id
+        raise TimeoutError("the busy cell did not start")
+
+    def click(self, model_id: str) -> None:
+        """Clicks a widget Button exactly as a browser does: a comm message."""
+        content = {"comm_id": model_id, "data": {"method": "custom", "content": {"event": "click"}}}
+        self.kc.shell_channel.send(self.kc.session.msg("comm_msg", content))

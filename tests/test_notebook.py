@@ -1,0 +1,358 @@
+"""%%interruptible_fit in a real kernel: interrupts, widget clicks, resume, failures, leaks.
+
+Each kernel is a real ipykernel process driven through jupyter_client, with
+the real SIGINT of `KernelManager.interrupt_kernel()` and the same comm
+messages a browser sends for a button click.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers import read_sidecar, run_python
+from jupyter_traincontrol.registry import list_runs
+from kernel_harness import Kernel
+
+pytestmark = pytest.mark.timeout(240)
+
+RUN = "jupyter_traincontrol.runs()[-1]"
+FIT_CELL = """%%interruptible_fit --name {name} {options}
+history = model.fit(x, y, batch_size=8, epochs={epochs}, callbacks=[Slow({sleep})], verbose=0)
+"""
+
+
+@pytest.fixture
+def kernel(tmp_path, runtime_dir):
+    runtime_dir.parent.mkdir(exist_ok=True)
+    k = Kernel(tmp_path, runtime_dir.parent)
+    yield k
+    if k.alive():
+        k.shutdown()
+
+
+def start_fit(kernel, name, epochs=200, sleep=0.01, options=""):
+    result = kernel.execute(FIT_CELL.format(name=name, options=options, epochs=epochs, sleep=sleep))
+    assert result.status == "ok", result.error
+    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.control.step > 0", timeout=60)
+    return result
+
+
+def test_the_cell_returns_at_once_with_the_panel_and_the_kernel_stays_free(kernel):
+    started = time.monotonic()
+    result = start_fit(kernel, "free")
+    assert time.monotonic() - started < 30
+    (bundle,) = result.results
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert "Run 'free': " in bundle["text/plain"]
+    assert kernel.value("1 + 1") == 2  # another cell runs while training goes on
+    step = kernel.value(f"{RUN}.control.global_step or 0") or 0
+    kernel.execute(f"{RUN}.stop()")
+    kernel.wait_for(f"{RUN}.state == 'stopped'")
+    assert kernel.value("len(history.epoch) > 0")
+    assert step >= 0
+
+
+def test_interrupting_an_idle_kernel_stops_the_run_with_an_exact_checkpoint(kernel, tmp_path):
+    start_fit(kernel, "idle")
+    kernel.interrupt()
+    kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    checkpoint = kernel.value(f"str({RUN}.checkpoints[-1])")
+    assert read_sidecar(checkpoint)["reason"] == "interrupt"
+    # The checkpoint holds exactly the model in memory: weights and optimizer step.
+    kernel.execute(f"np.save({str(tmp_path / 'w.npy')!r}, model.get_weights()[0])")
+    in_memory_step = kernel.value("int(model.optimizer.iterations.numpy())")
+    check = run_python(
+        "import keras, numpy as np;"
+        f"m = keras.models.load_model({checkpoint!r});"
+        f"assert np.array_equal(m.get_weights()[0], np.load({str(tmp_path / 'w.npy')!r}));"
+        "print(int(m.optimizer.iterations.numpy()))"
+    )
+    assert check.returncode == 0, check.stderr
+    assert int(check.stdout.split()[-1]) == in_memory_step
+    assert kernel.value("type(history).__name__") == "History"
+    assert kernel.value("'ok'") == "ok"
+
+
+def test_interrupt_during_a_busy_cell_interrupts_that_cell_and_stops_the_run(kernel):
+    start_fit(kernel, "busy")
+    msg_id = kernel.start_busy_cell()
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=20)  # if the interrupt failed, this times out
+    assert result.error and result.error["ename"] == "KeyboardInterrupt"
+    kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    assert kernel.value(f"len({RUN}.checkpoints)") == 1
+
+
+def test_interrupt_with_no_run_is_a_plain_keyboard_interrupt(kernel):
+    msg_id = kernel.start_busy_cell()
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=20)
+    assert result.error["ename"] == "KeyboardInterrupt"
+    kernel.interrupt()  # idle, no run: nothing happens
+    time.sleep(0.5)
+    assert kernel.value("jupyter_traincontrol.runs()") == []
+    # While idle the kernel's own SIG_IGN stands (seen as the handler saved around this cell).
+    assert kernel.value("get_ipython().kernel.saved_sigint_handler is __import__('signal').SIG_IGN") is True
+
+
+def test_a_second_interrupt_while_stopping_aborts(kernel):
+    # Slow validation keeps the run in "stopping" after the first interrupt's
+    # stop; the second interrupt (more than a second later) aborts it there.
+    cell = (
+        "%%interruptible_fit --name twice\n"
+        "history = model.fit(x, y, batch_size=8, epochs=200, validation_split=0.5,"
+        " callbacks=[Slow(0.01), SlowValidation(0.6)], verbose=0)\n"
+    )
+    assert kernel.execute(cell).status == "ok"
+    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.control.step > 0", timeout=60)
+    kernel.interrupt()
+    kernel.wait_for(f"{RUN}.state == 'stopping'", timeout=30)
+    time.sleep(1.2)
+    kernel.interrupt()
+    kernel.wait_for(f"{RUN}.state in ('stopped', 'aborted')", timeout=30)
+    assert kernel.value(f"{RUN}.state") == "aborted"
+    assert kernel.value(f"len({RUN}.checkpoints)") == 1  # the stop's checkpoint stays
+
+
+def test_interrupt_storm_gives_exactly_one_graceful_stop(kernel):
+    start_fit(kernel, "storm")
+    for _ in range(20):
+        kernel.interrupt()
+        time.sleep(0.04)
+    kernel.wait_for(f"{RUN}.state in ('stopped', 'aborted')", timeout=30)
+    assert kernel.value(f"{RUN}.state") == "stopped"
+    assert kernel.value(f"len({RUN}.checkpoints)") == 1
+    assert kernel.value("'alive'") == "alive"
+
+
+def button(kernel, key):
+    return kernel.value(f"{RUN}.panel.buttons[{key!r}].model_id")
+
+
+def test_button_clicks_as_comm_messages(kernel):
+    start_fit(kernel, "clicks")
+    kernel.click(button(kernel, "save"))
+    kernel.wait_for(f"len({RUN}.checkpoints) == 1", timeout=30)
+    assert kernel.value(f"{RUN}.state") == "running"  # save keeps training
+    kernel.click(button(kernel, "pause"))
+    kernel.wait_for(f"{RUN}.state == 'paused'", timeout=30)
+    kernel.wait_for(f"{RUN}.panel.buttons['pause'].description == 'Resume'", timeout=10)
+    step = kernel.value(f"{RUN}.control.global_step")
+    held = kernel.value(f"{RUN}.control.step")
+    time.sleep(0.5)
+    assert kernel.value(f"{RUN}.control.step") == held
+    kernel.click(button(kernel, "pause"))  # now labelled Resume
+    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.control.step != {held}", timeout=30)
+    kernel.click(button(kernel, "abort"))
+    kernel.wait_for(f"{RUN}.state == 'aborted'", timeout=30)
+    assert kernel.value(f"len({RUN}.checkpoints)") == 1  # abort wrote none
+    assert kernel.value(f"all(b.disabled for b in {RUN}.panel.buttons.values())")
+    assert step is not None
+
+
+def test_resume_in_a_fresh_kernel_continues_the_optimizer_and_the_epoch(tmp_path, runtime_dir):
+    runtime_dir.parent.mkdir(exist_ok=True)
+    first = Kernel(tmp_path, runtime_dir.parent)
+    try:
+        start_fit(first, "part", epochs=6, sleep=0.02)
+        first.wait_for(f"{RUN}.control.epoch >= 2", timeout=60)
+        first.interrupt()
+        first.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+        info = read_sidecar(first.value(f"str({RUN}.checkpoints[-1])"))
+    finally:
+        first.shutdown()
+    second = Kernel(tmp_path, runtime_dir.parent)
+    try:
+        result = second.execute(FIT_CELL.format(name="part", options="--resume", epochs=6, sleep=0))
+        assert result.status == "ok", result.error
+        second.wait_for(f"{RUN}.state == 'finished'", timeout=60)
+        assert second.value("history.epoch[0]") == info["resume_epoch"]
+        assert second.value("int(model.optimizer.iterations.numpy())") == 6 * 8
+    finally:
+        second.shutdown()
+
+
+def test_a_failing_cell_fails_the_run_and_the_kernel_stays_healthy(kernel):
+    result = kernel.execute("%%interruptible_fit --name broken\nmodel.fit(x[:, :2], y, epochs=2, verbose=0)\n")
+    assert result.status == "ok"
+    kernel.wait_for(f"{RUN}.state == 'failed'", timeout=30)
+    error = kernel.value(f"{RUN}.error")
+    assert "Traceback" in error and "ValueError" in error
+    assert "interruptible_fit cell" in error
+    assert kernel.value(f"'ValueError' in {RUN}.panel.note.value")
+    assert kernel.value("2 * 21") == 42
+
+
+def test_a_cell_without_fit_ends_with_a_note(kernel):
+    kernel.execute("%%interruptible_fit --name nofit\nanswer = 6 * 7\n")
+    kernel.wait_for(f"{RUN}.state == 'finished'", timeout=30)
+    assert kernel.value("answer") == 42
+    assert kernel.value(f"'without calling fit' in {RUN}.panel.log.value")
+
+
+def test_what_the_training_thread_prints_shows_in_the_panel(kernel):
+    kernel.execute("%%interruptible_fit --name printer\nprint('hello from training')\nmodel.fit(x, y, epochs=1, verbose=0)\n")
+    kernel.wait_for(f"{RUN}.state == 'finished'", timeout=30)
+    later = kernel.execute("print('later cell')")
+    assert "hello from training" not in later.stdout
+    kernel.wait_for(f"'hello from training' in {RUN}.panel.output.value", timeout=10)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("--keep 0", "--keep must be at least 1"),
+        ("--on-interrupt explode", "invalid choice"),
+        ("--name ../etc", "Invalid run name"),
+        ("--bogus", "unrecognized arguments"),
+    ],
+)
+def test_wrong_options_are_usage_errors(kernel, line, message):
+    result = kernel.execute(f"%%interruptible_fit {line}\nmodel.fit(x, y, epochs=1)\n")
+    assert result.ename == "UsageError"
+    assert message in result.evalue
+    assert kernel.value("jupyter_traincontrol.runs()") == []
+
+
+def test_wait_keeps_the_cell_busy_and_an_interrupt_ends_it_without_a_traceback(kernel):
+    msg_id = kernel.execute(FIT_CELL.format(name="waiter", options="--wait", epochs=200, sleep=0.01), wait=False)
+    time.sleep(8)
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=60)
+    assert result.status == "ok", result.error
+    assert result.error is None
+    assert kernel.value(f"{RUN}.state") == "stopped"
+
+
+def test_kernel_restart_during_a_run_checkpoints_first(kernel, tmp_path):
+    start_fit(kernel, "restart")
+    kernel.km.restart_kernel(now=False)
+    checkpoints = list((tmp_path / "checkpoints" / "restart").glob("*.keras"))
+    assert len(checkpoints) == 1
+    assert read_sidecar(checkpoints[0])["reason"] in ("stop", "interrupt")
+
+
+HOOK_STATE = (
+    "[str(__import__('signal').getsignal(2)),"
+    " sorted(k for k in ('pre_handler_hook', 'post_handler_hook', 'do_shutdown') if k in get_ipython().kernel.__dict__),"
+    " 'interruptible_fit' in get_ipython().magics_manager.magics['cell'],"
+    " (lambda s: (s.set_wakeup_fd(s.set_wakeup_fd(-1)), s.set_wakeup_fd(-1))[0])(__import__('signal'))]"
+)
+
+
+def test_unload_restores_what_load_changed(tmp_path, runtime_dir):
+    from kernel_harness import BASE_SETUP
+
+    runtime_dir.parent.mkdir(exist_ok=True)
+    kernel = Kernel(tmp_path, runtime_dir.parent, setup=BASE_SETUP)
+    try:
+        baseline = kernel.value(HOOK_STATE)
+        assert kernel.execute("%load_ext jupyter_traincontrol").status == "ok"
+        assert kernel.value(HOOK_STATE) != baseline
+        start_fit(kernel, "unload")
+        result = kernel.execute("%unload_ext jupyter_traincontrol", timeout=60)
+        assert result.status == "ok", result.error
+        assert kernel.value(f"{RUN}.state") == "stopped"  # active runs stop gracefully first
+        assert kernel.value(HOOK_STATE) == baseline
+        assert kernel.execute("%%interruptible_fit\npass\n").ename == "UsageError"
+        kernel.execute("%load_ext jupyter_traincontrol")
+        start_fit(kernel, "reloaded")
+        kernel.interrupt()
+        kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    finally:
+        kernel.shutdown()
+
+
+def test_ten_runs_leave_nothing_behind(kernel):
+    for index in range(10):
+        kernel.execute(f"%%interruptible_fit --name many-{index}\nmodel.fit(x, y, epochs=1, verbose=0)\n")
+        kernel.wait_for(f"{RUN}.state == 'finished' and not {RUN}.active", timeout=60)
+    kernel.execute(f"{RUN}.panel.join(5); {RUN}.join(5)")
+    leftovers = kernel.value(
+        "[sorted(t.name for t in __import__('threading').enumerate() if t.name.startswith('traincontrol-') and t.name != 'traincontrol-interrupts'),"
+        " len(jupyter_traincontrol.run.active_runs()),"
+        " type(__import__('sys').stdout).__name__,"
+        " 'fit' in vars(__import__('keras').Model)]"
+    )
+    assert leftovers == [[], 0, "OutStream", False]
+    records = list_runs()
+    assert len(records) == 10
+    assert all(record["state"] == "finished" and record["fifo"] is None for record in records)
+
+
+def test_defaults_are_configurable_with_traitlets(kernel, tmp_path):
+    kernel.execute("%config TrainControlMagics.keep = 1")
+    kernel.execute("%config TrainControlMagics.checkpoint_dir = 'ckpts/{name}-dir'")
+    kernel.execute("%config TrainControlMagics.on_interrupt = 'save'")
+    start_fit(kernel, "configured")
+    kernel.interrupt()  # save: a checkpoint, and training goes on
+    kernel.wait_for(f"len({RUN}.checkpoints) == 1", timeout=30)
+    assert kernel.value(f"{RUN}.state") == "running"
+    kernel.execute(f"{RUN}.save()")
+    kernel.wait_for(f"{RUN}.control.events[-1]['kind'] == 'checkpoint'", timeout=30)
+    kernel.execute(f"{RUN}.stop()")
+    kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    kept = sorted((tmp_path / "ckpts" / "configured-dir").glob("*.keras"))
+    assert len(kept) == 1 and kept[0].name.startswith("ckpt-000003-")  # keep=1
+
+
+def test_loads_from_the_kernel_config_too(tmp_path, runtime_dir):
+    from kernel_harness import BASE_SETUP
+
+    runtime_dir.parent.mkdir(exist_ok=True)
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text("c.InteractiveShellApp.extensions = ['jupyter_traincontrol']\n")
+    kernel = Kernel(tmp_path, runtime_dir.parent, setup=BASE_SETUP, env={"IPYTHONDIR": str(profile.parent)})
+    try:
+        start_fit(kernel, "from-config")
+        kernel.interrupt()  # the kernel was idle since start: the hooks were installed at load
+        kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    finally:
+        kernel.shutdown()
+
+
+def test_top_level_await_and_subprocesses_still_work(kernel):
+    start_fit(kernel, "await")
+    assert "hello" in kernel.execute("!echo hello").stdout
+    assert kernel.value("__import__('subprocess').run(['true']).returncode") == 0
+    msg_id = kernel.execute("import asyncio\nprint('busy', flush=True)\nawait asyncio.sleep(30)", wait=False)
+    time.sleep(2.0)
+    started = time.monotonic()
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=20)
+    assert time.monotonic() - started < 10  # cancelled promptly, not after 30 s
+    assert result.ename in ("KeyboardInterrupt", "CancelledError")
+    kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+
+
+def test_plain_ipython_terminal_gets_a_text_summary(tmp_path, runtime_dir):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import child_env
+
+    runtime_dir.parent.mkdir(exist_ok=True)
+    script = tmp_path / "session.ipy"
+    script.write_text(
+        "import numpy as np, keras\n"
+        "x = np.random.rand(64, 3).astype('float32'); y = x.sum(1, keepdims=True)\n"
+        "model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]); model.compile('adam', 'mse')\n"
+        "%load_ext jupyter_traincontrol\n"
+        "run = get_ipython().run_cell_magic('interruptible_fit', '--name term', 'model.fit(x, y, epochs=2, verbose=0)')\n"
+        "run.wait()\n"
+        "print(repr(run.state))\n"
+        "get_ipython().run_line_magic('pprint', '')\n"
+        "print(run._repr_mimebundle_().keys())\n"
+    )
+    ipython = str(Path(sys.executable).parent / "ipython")
+    result = subprocess.run([ipython, "--no-banner", "--quick", str(script)], capture_output=True, text=True,
+                            cwd=tmp_path, env=child_env(runtime_dir.parent), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "[traincontrol] term: running" in result.stdout
+    assert "[traincontrol] term: finished" in result.stdout
+    assert "'finished'" in result.stdout
+    assert "dict_keys(['text/plain'])" in result.stdout

@@ -1,0 +1,60 @@
+"""The example notebooks, executed cell by cell in a real kernel (with real interrupts and restarts)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from helpers import REPO, child_env
+from kernel_harness import KernelSession  # noqa: F401  (puts examples/ on sys.path)
+from notebook_runner import NotebookRunner
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def run_notebook(name, tmp_path, runtime_dir):
+    runtime_dir.parent.mkdir(exist_ok=True)
+    shutil.copy(REPO / "notebooks" / name, tmp_path)
+    with NotebookRunner(tmp_path, child_env(runtime_dir.parent)) as runner:
+        return [(cell, outputs) for cell, outputs in runner.run(tmp_path / name)]
+
+
+def output_of(cells, fragment, exact=False):
+    """The text output of the first cell whose source contains (or is) `fragment`."""
+    for cell, outputs in cells:
+        source = "".join(cell["source"])
+        if (source == fragment) if exact else (fragment in source):
+            return outputs.text()
+    raise AssertionError(f"No cell with {fragment!r}")
+
+
+def test_quickstart(tmp_path, runtime_dir):
+    cells = run_notebook("quickstart.ipynb", tmp_path, runtime_dir)
+    assert "state: stopped" in output_of(cells, "run.wait()")
+    assert "ckpt-000001-" in output_of(cells, "checkpoint = run.checkpoints[-1]")
+    assert '"reason": "interrupt"' in output_of(cells, "checkpoint = run.checkpoints[-1]")
+    resumed = output_of(cells, "resumed at epoch")
+    assert "finished at 30" in resumed and "resumed at epoch 1 " not in resumed
+    assert "optimizer step now: 780" in resumed  # 30 epochs of 26 batches, exactly
+
+
+def test_terminal_control(tmp_path, runtime_dir):
+    cells = run_notebook("terminal_control.ipynb", tmp_path, runtime_dir)
+    listing = output_of(cells, "!jupyter-traincontrol list", exact=True)
+    assert "terminal-demo  running" in listing
+    assert "terminal-demo  paused" in output_of(cells, "send terminal-demo pause")
+    assert "ckpt-000001" in output_of(cells, "echo save")
+    assert "stopped" in output_of(cells, "send terminal-demo stop")
+    errors = output_of(cells, "frobnicate")
+    assert "Unknown command 'frobnicate'" in errors and "exit code 2" in errors
+    assert "No run named 'no-such-run'" in errors and "exit code 3" in errors
+
+
+def test_resume_after_restart(tmp_path, runtime_dir):
+    cells = run_notebook("resume_after_restart.ipynb", tmp_path, runtime_dir)
+    before = output_of(cells, "checkpoint taken before the restart")
+    assert "ckpt-000001-" in before
+    resumed = output_of(cells, "History starts at epoch")
+    assert "(not 1)" in resumed and "History starts at epoch 1 " not in resumed
+    assert "-> 960" in resumed  # 30 epochs of 32 batches, exactly
