@@ -2,7 +2,8 @@
 
 A real JupyterLab (and Notebook 7) server runs in a subprocess with private
 Jupyter folders; Debian's chromium is driven by Playwright (no downloaded
-browser). The runs are the example training script in subprocesses.
+browser). The runs are the example training script in subprocesses, and
+``%%interruptible_fit`` cells in a real notebook kernel.
 
 Screenshots are written under ``test-artifacts/browser/`` (ignored by git);
 their paths are printed.
@@ -60,6 +61,7 @@ class JupyterServer:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config, data, settings, workspaces, root = (home / name for name in ("config", "data", "settings", "workspaces", "root"))
+        self.root = root
         for folder in (config, data, settings, workspaces, root):
             folder.mkdir(parents=True, exist_ok=True)
         # No first-run "news / updates" toast over the page.
@@ -293,3 +295,114 @@ def test_notebook_7_view_menu_pause_resume_and_palette_commands(jupyter, page, t
     assert code == 0, err
     assert result["state"] == "stopped"
     assert [read_sidecar(path)["reason"] for path in result["checkpoints"]] == ["save", "stop"]
+
+
+def _notebook(cells: list[str]) -> str:
+    return json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source} for source in cells],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    })
+
+
+TRAIN_CELLS = [
+    # 0: the extension, data and a model that trains at a watchable pace
+    """%load_ext jupyter_traincontrol
+import time
+import numpy as np
+import keras
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 8)).astype("float32")
+y = (x @ rng.normal(size=(8, 1))).astype("float32")
+
+def build_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.05)""",
+    # 1: a run in the background
+    """%%interruptible_fit --name nb-busy --checkpoint-dir {ck}/nb-busy
+history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)""",
+    # 2: a long foreground cell: the kernel is busy, widget buttons cannot reach it
+    """for _ in range(1200):
+    time.sleep(0.1)
+print("foreground cell done")""",
+    # 3: another run, to be stopped from its own panel while the kernel is idle
+    """%%interruptible_fit --name nb-idle --checkpoint-dir {ck}/nb-idle
+history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)""",
+]
+
+_KERNEL_STATE = """() => {
+    const widget = window.jupyterapp.shell.currentWidget;
+    const kernel = widget && widget.sessionContext && widget.sessionContext.session
+        && widget.sessionContext.session.kernel;
+    return kernel ? `${kernel.connectionStatus}/${kernel.status}` : null;
+}"""
+
+
+def kernel_state(page) -> str | None:
+    return page.evaluate(_KERNEL_STATE)
+
+
+def run_cell(page, index: int) -> None:
+    """Runs cell `index` with Shift+Enter, as a user would."""
+    page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+
+
+def wait_idle(page, timeout: float = 90) -> None:
+    # The execution indicator says idle before the kernel exists; ask the kernel itself.
+    wait_until(lambda: kernel_state(page) == "connected/idle", timeout=timeout, interval=0.2,
+               message=f"an idle kernel (got {kernel_state(page)})")
+
+
+def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page, tmp_path):
+    server = jupyter("lab")
+    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
+    (server.root / "train.ipynb").write_text(_notebook(cells))
+    page.goto(f"{server.url}/lab/tree/train.ipynb?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    wait_idle(page)
+    run_cell(page, 0)
+    wait_idle(page)
+    run_cell(page, 1)
+    page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output button.widget-button").first.wait_for()
+    wait_idle(page)
+
+    page.locator(PANEL_TAB).click()
+    busy_card = page.locator(f'{PANEL} .jp-TrainControl-run[data-run="nb-busy"]')
+    busy_card.wait_for()
+    assert words(busy_card.locator(".jp-TrainControl-where")) == "train.ipynb"
+    busy_card.locator(".jp-TrainControl-metrics").wait_for()
+
+    run_cell(page, 2)  # the foreground cell keeps the kernel busy for two minutes
+    wait_until(lambda: kernel_state(page) == "connected/busy", timeout=10, message="a busy kernel")
+    busy_card.get_by_role("button", name="Stop", exact=True).click()
+    page.wait_for_selector('.jp-TrainControl-run[data-run="nb-busy"][data-state="stopped"]', timeout=30_000)
+    assert kernel_state(page) == "connected/busy", "the foreground cell should still run"
+    (checkpoint,) = [item.get_attribute("data-path") for item in busy_card.locator(".jp-TrainControl-checkpoint").all()]
+    assert read_sidecar(checkpoint)["reason"] == "stop"
+    screenshot(page, "notebook-busy-kernel-run-stopped")
+
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+    wait_idle(page, timeout=30)
+    run_cell(page, 3)
+    idle_output = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".jp-OutputArea-output")
+    idle_card = page.locator(f'{PANEL} .jp-TrainControl-run[data-run="nb-idle"]')
+    idle_card.locator(".jp-TrainControl-metrics").wait_for()
+    idle_output.locator("button.widget-button", has_text="Stop").wait_for()
+    wait_idle(page)
+    labels = [button.inner_text().strip() for button in idle_output.locator("button.widget-button").all()]
+    assert labels == ["Save", "Stop", "Abort", "Pause"], labels
+    idle_output.locator("button.widget-button", has_text="Stop").click()
+    page.wait_for_selector('.jp-TrainControl-run[data-run="nb-idle"][data-state="stopped"]', timeout=30_000)
+    (checkpoint,) = [item.get_attribute("data-path") for item in idle_card.locator(".jp-TrainControl-checkpoint").all()]
+    assert read_sidecar(checkpoint)["reason"] == "stop"
+    screenshot(page, "notebook-idle-kernel-widget-stop")
