@@ -69,8 +69,12 @@ export class RunCard {
    * @param now - The time in seconds, for ages.
    */
   update(run: IRun, now: number): void {
-    this._run = run;
     const active = isActive(run);
+    if (this._run && isActive(this._run) && !active && !['stop', 'abort'].includes(this._lastCommand)) {
+      // The run ended by other means: what this card last sent is stale news.
+      this._feedback.textContent = '';
+    }
+    this._run = run;
     this.node.dataset.run = run.name;
     this.node.dataset.state = run.state;
     this.node.classList.toggle('jp-mod-ended', !active);
@@ -188,6 +192,7 @@ export class RunCard {
     if (!run || this._pending) {
       return;
     }
+    this._lastCommand = command;
     this._setPending(true);
     this._feedback.classList.remove('jp-mod-error');
     this._feedback.textContent = `sending ${command}…`;
@@ -210,6 +215,7 @@ export class RunCard {
 
   private _run: IRun | null = null;
   private _pending = false;
+  private _lastCommand = '';
   private _body: HTMLElement;
   private _buttons: HTMLElement;
   private _feedback: HTMLElement;
