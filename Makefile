@@ -9,7 +9,11 @@ LAB_FLAGS ?= --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-ro
 
 .PHONY: setup demo lab test clean
 
-$(STAMP): setup.cfg pyproject.toml
+# The install also builds the JupyterLab extension (npm): redo it when its sources change.
+LAB_SOURCES := setup.py labextension/package.json labextension/package-lock.json labextension/tsconfig.json \
+               $(wildcard labextension/src/*.ts labextension/style/*)
+
+$(STAMP): setup.cfg pyproject.toml $(LAB_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -e ".[test,lab]"
@@ -32,4 +36,5 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info checkpoints notebooks/checkpoints
+	rm -rf $(VENV) build *.egg-info checkpoints notebooks/checkpoints test-artifacts \
+	       labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo jupyter_traincontrol/labextension

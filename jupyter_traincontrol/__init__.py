@@ -1,7 +1,10 @@
 """jupyter-traincontrol: stop, save, abort, pause and resume Keras training gracefully.
 
 Public names are imported lazily, so that ``jupyter-traincontrol`` (the CLI)
-and the Jupyter server extension start without importing Keras.
+and the Jupyter server extension start without importing Keras. The
+``_jupyter_*`` functions are the entry points by which Jupyter finds the
+server extension (`jupyter_traincontrol.server`) and the prebuilt JupyterLab
+extension (``jupyter_traincontrol/labextension``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,18 @@ _LAZY = {
     "TrainingRun": ("run", "TrainingRun"),
     "runs": ("run", "all_runs"),
 }
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    """Where Jupyter Server finds the extension (imported only by the server)."""
+    from .server import TrainControlApp
+
+    return [{"module": "jupyter_traincontrol.server", "app": TrainControlApp}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the prebuilt extension, relative to this package."""
+    return [{"src": "labextension", "dest": "jupyter-traincontrol"}]
 
 
 def load_ipython_extension(shell) -> None:

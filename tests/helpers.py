@@ -88,3 +88,59 @@ def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """Runs ``jupyter-traincontrol ARGS`` as a user would."""
     exe = Path(sys.executable).parent / "jupyter-traincontrol"
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, env=child_env())
+
+
+TRAIN_SCRIPT = str(REPO / "examples" / "train_with_control.py")
+
+# Runs the example script as __main__, then keeps the process (and so its run
+# record, with the final state) alive until stdin closes, as a kernel would.
+_LINGER = (
+    "import runpy, sys; sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__'); sys.stdin.read()"
+)
+
+
+class TrainingProcess:
+    """The example training script in a subprocess, started and read.
+
+    Args:
+        *args: Arguments of ``examples/train_with_control.py``.
+        linger: Keep the process alive after training until `finish`, so its
+            record stays listed with its final state (as a notebook kernel's
+            run does). Defaults to False.
+    """
+
+    def __init__(self, *args: str, linger: bool = False):
+        argv = [sys.executable, "-c", _LINGER, TRAIN_SCRIPT, *args] if linger else [sys.executable, TRAIN_SCRIPT, *args]
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if linger else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        )
+        for line in self.process.stdout:
+            if line.startswith("READY "):
+                self.name, self.fifo = line.split()[1:3]
+                break
+        else:
+            raise AssertionError(f"training script ended early: {self.process.stderr.read()}")
+
+    def finish(self, timeout: float = 60) -> tuple[int, dict | None, str]:
+        """Waits for the end (closing stdin first); returns (exit code, RESULT, stderr)."""
+        out, err = self.process.communicate(timeout=timeout)
+        results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+        return self.process.returncode, (results[0] if results else None), err
+
+    def kill(self) -> None:
+        """Ends the process if it still runs (for test teardown). Idempotent.
+
+        A killed process leaves its run folder (FIFO included) behind; listing
+        the runs removes the folders of dead processes, as it would for a user.
+        """
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+            from jupyter_traincontrol.registry import list_runs
+
+            list_runs()
+        else:
+            self.process.communicate()

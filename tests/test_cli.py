@@ -10,14 +10,11 @@ import time
 
 import pytest
 
-from helpers import REPO, child_env, cli, read_sidecar, wait_until
+from helpers import TrainingProcess, child_env, cli, read_sidecar, wait_until
 from jupyter_traincontrol.cli import main
 from jupyter_traincontrol.commands import Command
 from jupyter_traincontrol.control import RunControl
 from jupyter_traincontrol.registry import find_run, list_runs
-
-TRAIN_SCRIPT = str(REPO / "examples" / "train_with_control.py")
-
 
 @pytest.fixture
 def live_run(tmp_path):
@@ -114,27 +111,6 @@ def test_jupyter_traincontrol_subcommand_works():
 def test_the_cli_does_not_import_keras_or_tensorflow():
     code = "import sys, jupyter_traincontrol.cli; sys.exit(bool({'keras', 'tensorflow'} & set(sys.modules)))"
     assert subprocess.run([sys.executable, "-c", code], env=child_env()).returncode == 0
-
-
-class TrainingProcess:
-    """The example training script in a subprocess, started and read."""
-
-    def __init__(self, *args: str):
-        self.process = subprocess.Popen(
-            [sys.executable, TRAIN_SCRIPT, *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-        )
-        for line in self.process.stdout:
-            if line.startswith("READY "):
-                self.name, self.fifo = line.split()[1:3]
-                break
-        else:
-            raise AssertionError(f"training script ended early: {self.process.stderr.read()}")
-
-    def finish(self, timeout: float = 60) -> tuple[int, dict | None, str]:
-        out, err = self.process.communicate(timeout=timeout)
-        results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
-        return self.process.returncode, (results[0] if results else None), err
 
 
 def test_cli_stops_a_training_script(tmp_path):

@@ -1,0 +1,136 @@
+"""REST handlers of the server extension: the runs of this user, and commands to them.
+
+Routes, under ``<base_url>/traincontrol/api/``:
+
+- ``GET runs``: a JSON array, one object per listed run: the record that
+  ``jupyter-traincontrol list --json`` prints, plus ``kernel_id`` (the kernel
+  the run lives in, or null), ``kernel_on_this_server`` and
+  ``notebook_path`` (the session path of that kernel on this server, or
+  null).
+- ``POST runs/<name>/commands`` with ``{"command": "stop"}``: 202 once the
+  command is in the run's FIFO; 400 for a bad body or an unknown command,
+  404 for an unknown run, 409 for a run that no longer listens, 503 if the
+  channel could not take it. Errors are JSON with a ``message``.
+
+Both need an authenticated user (token or cookie, 403 otherwise) allowed to
+read (GET) or write (POST) the ``kernels`` resource. Registry reads and FIFO
+writes run on a thread pool, never on the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from concurrent.futures import Executor
+from typing import Any, Callable, TypeVar
+
+import tornado.web
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+
+from ..channel import ChannelError, NotListeningError
+from ..cli import _public_record, send_to_run
+from ..commands import COMMAND_NAMES, UnknownCommandError
+from ..registry import RunNotFoundError, list_runs
+
+__all__ = ["RunsHandler", "CommandsHandler", "EXECUTOR_SETTING", "listed_runs"]
+
+#: The key of the extension's thread pool in the Tornado settings.
+EXECUTOR_SETTING = "traincontrol_executor"
+
+_T = TypeVar("_T")
+
+
+def listed_runs() -> list[dict[str, Any]]:
+    """The records of the listed runs, as ``jupyter-traincontrol list --json`` prints them."""
+    return [_public_record(record) for record in list_runs()]
+
+
+class _TrainControlHandler(APIHandler):
+    """What both handlers share: authorization resource and the thread pool."""
+
+    auth_resource = "kernels"
+
+    async def _run_blocking(self, function: Callable[..., _T], *args: Any) -> _T:
+        """Runs `function(*args)` on the extension's thread pool."""
+        executor: Executor | None = self.settings.get(EXECUTOR_SETTING)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, functools.partial(function, *args))
+
+
+class RunsHandler(_TrainControlHandler):
+    """``GET runs``: the runs of this user, with their kernel's notebook."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        try:
+            records = await self._run_blocking(listed_runs)
+        except OSError as error:  # an unsafe registry folder (UnsafePathError), an I/O error
+            raise tornado.web.HTTPError(500, f"Cannot read the registry of runs: {error}") from error
+        kernel_ids = set(self.kernel_manager.list_kernel_ids())
+        notebook_paths = await self._notebook_paths()
+        for record in records:
+            kernel_id = record.get("kernel_id")
+            if not isinstance(kernel_id, str):
+                kernel_id = None
+            here = kernel_id in kernel_ids
+            record["kernel_id"] = kernel_id
+            record["kernel_on_this_server"] = here
+            record["notebook_path"] = notebook_paths.get(kernel_id) if here else None
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(records))
+
+    async def _notebook_paths(self) -> dict[str, str]:
+        """Maps kernel ids of this server's sessions to their paths."""
+        session_manager = getattr(self, "session_manager", None)
+        if session_manager is None:
+            return {}
+        sessions = await ensure_async(session_manager.list_sessions())
+        return {
+            session["kernel"]["id"]: session.get("path") or session.get("name")
+            for session in sessions
+            if session.get("kernel")
+        }
+
+
+class CommandsHandler(_TrainControlHandler):
+    """``POST runs/<name>/commands``: delivers one command to a run's FIFO."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, name: str) -> None:
+        command = self._command_from_body()
+        try:
+            sent = await self._run_blocking(send_to_run, name, command)
+        except UnknownCommandError as error:
+            raise tornado.web.HTTPError(400, str(error)) from error
+        except RunNotFoundError as error:
+            raise tornado.web.HTTPError(404, str(error)) from error
+        except NotListeningError as error:
+            raise tornado.web.HTTPError(409, str(error)) from error
+        except ChannelError as error:
+            raise tornado.web.HTTPError(503, f"Could not deliver {command!r} to run {name!r}: {error}") from error
+        except OSError as error:  # UnsafePathError: the run's channel is not ours, or private
+            raise tornado.web.HTTPError(500, f"Refused to write to run {name!r}: {error}") from error
+        self.set_status(202)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"name": name, "command": str(sent), "message": f"Sent {sent} to {name}."}))
+
+    def _command_from_body(self) -> str:
+        """The ``command`` of the JSON body; 400 if the body is not that."""
+        expected = f'Expected a JSON object like {{"command": "stop"}} with a command among: {", ".join(COMMAND_NAMES)}.'
+        raw = self.request.body
+        try:
+            body = json.loads(raw or b"")
+        except ValueError:
+            shown = raw[:60].decode("utf-8", "backslashreplace")
+            raise tornado.web.HTTPError(400, f"The body is not JSON: {shown!r}. {expected}") from None
+        if not isinstance(body, dict) or "command" not in body:
+            raise tornado.web.HTTPError(400, f"Got {json.dumps(body)[:60]}. {expected}")
+        command = body["command"]
+        if not isinstance(command, str):
+            raise tornado.web.HTTPError(400, f"Got command {json.dumps(command)[:60]}, not a string. {expected}")
+        return command

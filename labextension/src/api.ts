@@ -1,0 +1,159 @@
+/**
+ * The one helper that talks to the server extension's REST API, and the
+ * shape of what it returns.
+ *
+ *   GET  <base_url>/traincontrol/api/runs
+ *   POST <base_url>/traincontrol/api/runs/<name>/commands   {"command": "stop"}
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** The commands a run obeys at its next batch boundary. */
+export type Command = 'stop' | 'save' | 'abort' | 'pause' | 'resume';
+
+/** States of a run that still trains, is about to, or is winding down. */
+export const ACTIVE_STATES = ['starting', 'running', 'paused', 'stopping'];
+
+/** One epoch's final metrics, as kept in a run's record. */
+export interface IEpochLogs {
+  epoch: number;
+  loss?: number;
+  val_loss?: number;
+  [metric: string]: number | undefined;
+}
+
+/** One line of a run's log. */
+export interface IRunEvent {
+  time: number;
+  kind: string;
+  message: string;
+}
+
+/**
+ * A run as `GET runs` lists it: the record that `jupyter-traincontrol list
+ * --json` prints, plus what the server knows of the run's kernel.
+ */
+export interface IRun {
+  name: string;
+  run_id?: string;
+  state: string;
+  origin?: string | null;
+  pid?: number;
+  live?: boolean;
+  checkpoint_dir?: string | null;
+  checkpoints?: string[];
+  epoch?: number;
+  epochs?: number | null;
+  step?: number;
+  steps?: number | null;
+  metrics?: { [name: string]: number };
+  history?: IEpochLogs[];
+  events?: IRunEvent[];
+  error?: string | null;
+  started?: number | null;
+  ended?: number | null;
+  updated?: number;
+  /** The kernel the run lives in, if its record names one. */
+  kernel_id?: string | null;
+  /** True if that kernel is one of this server's. */
+  kernel_on_this_server?: boolean;
+  /** The notebook (session path) of that kernel, if this server knows it. */
+  notebook_path?: string | null;
+}
+
+/** An answer of the API other than 2xx, or no answer at all. */
+export class ApiError extends Error {
+  /**
+   * @param status - The HTTP status; 0 when the server could not be reached.
+   * @param message - The server's `message`, or what went wrong.
+   */
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message);
+    this.name = 'ApiError';
+  }
+}
+
+/**
+ * Calls the traincontrol API.
+ *
+ * @param endPoint - The path under `traincontrol/api/`, e.g. `runs`.
+ * @param init - The request: method, body.
+ * @returns The decoded JSON answer.
+ * @throws {ApiError} On a network failure (status 0) or a non-2xx answer,
+ *   carrying the server's `message`.
+ */
+export async function requestAPI<T>(
+  endPoint: string,
+  init: RequestInit = {}
+): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'traincontrol', 'api', endPoint);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new ApiError(0, `Cannot reach the Jupyter server: ${error}`);
+  }
+  const text = await response.text();
+  let data: any = null;
+  if (text.length > 0) {
+    try {
+      data = JSON.parse(text);
+    } catch (error) {
+      data = null;
+    }
+  }
+  if (!response.ok) {
+    const message =
+      data && typeof data.message === 'string' ? data.message : '';
+    throw new ApiError(
+      response.status,
+      message || `${response.status} ${response.statusText} from ${url}`
+    );
+  }
+  if (data === null) {
+    throw new ApiError(
+      response.status,
+      `Expected JSON from ${url}, got: ${text.slice(0, 80)}`
+    );
+  }
+  return data as T;
+}
+
+/**
+ * Lists the runs of this user.
+ *
+ * @throws {ApiError} As `requestAPI`; a 404 here means the server extension
+ *   is not enabled, and says so.
+ */
+export async function fetchRuns(): Promise<IRun[]> {
+  try {
+    return await requestAPI<IRun[]>('runs');
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 404) {
+      throw new ApiError(
+        404,
+        'The jupyter_traincontrol server extension is not enabled on this ' +
+          'Jupyter server (GET traincontrol/api/runs answered 404). Install ' +
+          'jupyter-traincontrol in the environment that runs the server, or ' +
+          'enable it with `jupyter server extension enable jupyter_traincontrol`, ' +
+          'then restart the server.'
+      );
+    }
+    throw error;
+  }
+}
+
+/** Sends `command` to the run called `name`; resolves once delivered. */
+export function sendCommand(
+  name: string,
+  command: Command
+): Promise<{ message: string }> {
+  return requestAPI<{ message: string }>(
+    `runs/${encodeURIComponent(name)}/commands`,
+    { method: 'POST', body: JSON.stringify({ command }) }
+  );
+}

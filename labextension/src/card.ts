@@ -1,0 +1,223 @@
+/**
+ * `RunCard`: one run in the side panel. Its buttons are created once and
+ * kept, so a poll that redraws the card never swallows a click.
+ */
+import { Command, IRun } from './api';
+import { lossChart, text } from './chart';
+import {
+  baseName,
+  dirName,
+  duration,
+  epochText,
+  fraction,
+  metricsText,
+  NBSP,
+  whereText
+} from './format';
+import { isActive } from './model';
+
+/** Called when a button is pressed; resolves to the words to show. */
+export type CommandHandler = (run: IRun, command: Command) => Promise<string>;
+
+const BUTTONS: { label: string; command: Command; title: string }[] = [
+  { label: 'Save', command: 'save', title: 'Write a checkpoint now; training goes on' },
+  { label: 'Stop', command: 'stop', title: 'Write a checkpoint, then end fit gracefully' },
+  { label: 'Abort', command: 'abort', title: 'End fit gracefully without a checkpoint' },
+  { label: 'Pause', command: 'pause', title: 'Hold training (Save, Stop, Abort still act)' }
+];
+
+export class RunCard {
+  /**
+   * @param onCommand - Sends a command; its promise's value (or error) is
+   *   shown on the card.
+   */
+  constructor(private readonly onCommand: CommandHandler) {
+    this.node = document.createElement('div');
+    this.node.className = 'jp-TrainControl-run';
+    this._body = document.createElement('div');
+    this._body.className = 'jp-TrainControl-runBody';
+    this._feedback = text('div', 'jp-TrainControl-feedback', '');
+    this._feedback.setAttribute('aria-live', 'polite');
+    this._buttons = document.createElement('div');
+    this._buttons.className = 'jp-TrainControl-buttons';
+    for (const spec of BUTTONS) {
+      const button = document.createElement('button');
+      button.type = 'button';
+      button.className = 'jp-TrainControl-button';
+      button.textContent = spec.label;
+      button.title = spec.title;
+      button.dataset.command = spec.command;
+      button.addEventListener('click', () => void this._press(button));
+      this._buttons.appendChild(button);
+    }
+    this._footer = document.createElement('div');
+    this._footer.className = 'jp-TrainControl-runFooter';
+    this.node.append(this._body, this._buttons, this._feedback, this._footer);
+  }
+
+  /** The card's element. */
+  readonly node: HTMLElement;
+
+  /** The run shown. */
+  get run(): IRun | null {
+    return this._run;
+  }
+
+  /**
+   * Redraws the card for `run` (a newer record of the same run).
+   *
+   * @param now - The time in seconds, for ages.
+   */
+  update(run: IRun, now: number): void {
+    const active = isActive(run);
+    if (this._run && isActive(this._run) && !active && !['stop', 'abort'].includes(this._lastCommand)) {
+      // The run ended by other means: what this card last sent is stale news.
+      this._feedback.textContent = '';
+    }
+    this._run = run;
+    this.node.dataset.run = run.name;
+    this.node.dataset.state = run.state;
+    this.node.classList.toggle('jp-mod-ended', !active);
+
+    const head = document.createElement('div');
+    head.className = 'jp-TrainControl-runHead';
+    const name = text('span', 'jp-TrainControl-runName', run.name);
+    name.title = run.checkpoint_dir ? `checkpoints in ${run.checkpoint_dir}` : run.name;
+    const state = text('span', `jp-TrainControl-state jp-TrainControl-state-${run.state}`, run.state);
+    head.append(name, state);
+
+    const where = text('div', 'jp-TrainControl-where', whereText(run));
+    where.title = run.notebook_path
+      ? `notebook ${run.notebook_path}, kernel ${run.kernel_id}`
+      : `${run.origin ?? 'process'} (pid ${run.pid ?? '?'})`;
+
+    const parts: HTMLElement[] = [head, where, this._progress(run, now)];
+    const metrics = metricsText(run);
+    if (metrics) {
+      parts.push(text('div', 'jp-TrainControl-metrics', metrics));
+    }
+    const chart = lossChart(run.history);
+    if (chart) {
+      parts.push(chart);
+    }
+    if (run.error) {
+      const lines = run.error.trim().split('\n');
+      const error = text('div', 'jp-TrainControl-runError', lines[lines.length - 1]);
+      error.title = run.error;
+      parts.push(error);
+    }
+    this._body.replaceChildren(...parts);
+
+    this._buttons.hidden = !active;
+    for (const button of Array.from(this._buttons.querySelectorAll('button'))) {
+      if (button.dataset.command === 'pause' || button.dataset.command === 'resume') {
+        const paused = run.state === 'paused';
+        button.dataset.command = paused ? 'resume' : 'pause';
+        button.textContent = paused ? 'Resume' : 'Pause';
+        button.title = paused ? 'Let the paused run go on' : BUTTONS[3].title;
+      }
+      button.disabled = this._pending || run.state === 'stopping';
+    }
+    this._footer.replaceChildren(...this._checkpoints(run));
+  }
+
+  private _progress(run: IRun, now: number): HTMLElement {
+    const box = document.createElement('div');
+    box.className = 'jp-TrainControl-progress';
+    const words: string[] = [];
+    const epoch = epochText(run);
+    if (epoch) {
+      words.push(epoch);
+    }
+    if (run.step || run.steps) {
+      words.push(`batch${NBSP}${fraction(run.step, run.steps)}`);
+    }
+    const end = run.ended ?? now;
+    if (run.started) {
+      const elapsed = duration(end - run.started);
+      words.push(isActive(run) ? `${elapsed}${NBSP}elapsed` : `ran${NBSP}${elapsed}`);
+    }
+    box.appendChild(text('span', 'jp-TrainControl-progressText', words.join(' · ') || 'waiting for the first batch'));
+    if (run.epochs && run.epoch) {
+      const done = Math.max(0, run.epoch - 1) + (run.steps ? Math.min(1, (run.step ?? 0) / run.steps) : 0);
+      const bar = document.createElement('div');
+      bar.className = 'jp-TrainControl-bar';
+      bar.setAttribute('role', 'progressbar');
+      bar.setAttribute('aria-valuemin', '0');
+      bar.setAttribute('aria-valuemax', String(run.epochs));
+      bar.setAttribute('aria-valuenow', done.toFixed(2));
+      const fill = document.createElement('div');
+      fill.className = 'jp-TrainControl-barFill';
+      fill.style.width = `${Math.min(100, (100 * done) / run.epochs).toFixed(1)}%`;
+      bar.appendChild(fill);
+      box.appendChild(bar);
+    }
+    return box;
+  }
+
+  private _checkpoints(run: IRun): HTMLElement[] {
+    const paths = run.checkpoints ?? [];
+    if (paths.length === 0) {
+      return isActive(run) ? [] : [text('div', 'jp-TrainControl-checkpointNone', 'no checkpoint')];
+    }
+    if (isActive(run)) {
+      const latest = text(
+        'div',
+        'jp-TrainControl-checkpointSummary',
+        `${paths.length} checkpoint${paths.length > 1 ? 's' : ''} · latest ${baseName(paths[paths.length - 1])}`
+      );
+      latest.title = paths.join('\n');
+      return [latest];
+    }
+    const list = document.createElement('ul');
+    list.className = 'jp-TrainControl-checkpoints';
+    list.setAttribute('aria-label', 'checkpoints');
+    for (const path of paths) {
+      const item = text('li', 'jp-TrainControl-checkpoint', baseName(path));
+      item.title = path;
+      item.dataset.path = path;
+      list.appendChild(item);
+    }
+    const folder = dirName(paths[paths.length - 1]);
+    const label = text('div', 'jp-TrainControl-checkpointLabel', `${paths.length === 1 ? 'checkpoint' : 'checkpoints'} in `);
+    const where = text('span', 'jp-TrainControl-checkpointDir', folder);
+    where.title = folder;
+    label.appendChild(where);
+    return [label, list];
+  }
+
+  private async _press(button: HTMLButtonElement): Promise<void> {
+    const run = this._run;
+    const command = button.dataset.command as Command;
+    if (!run || this._pending) {
+      return;
+    }
+    this._lastCommand = command;
+    this._setPending(true);
+    this._feedback.classList.remove('jp-mod-error');
+    this._feedback.textContent = `sending ${command}…`;
+    try {
+      this._feedback.textContent = await this.onCommand(run, command);
+    } catch (error) {
+      this._feedback.classList.add('jp-mod-error');
+      this._feedback.textContent = error instanceof Error ? error.message : `${error}`;
+    } finally {
+      this._setPending(false);
+    }
+  }
+
+  private _setPending(pending: boolean): void {
+    this._pending = pending;
+    if (this._run) {
+      this.update(this._run, Date.now() / 1000);
+    }
+  }
+
+  private _run: IRun | null = null;
+  private _pending = false;
+  private _lastCommand = '';
+  private _body: HTMLElement;
+  private _buttons: HTMLElement;
+  private _feedback: HTMLElement;
+  private _footer: HTMLElement;
+}

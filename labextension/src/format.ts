@@ -1,0 +1,126 @@
+/**
+ * Words and numbers for runs: progress, metrics, where a run lives, and the
+ * one-line summary of the status bar. Pure functions, no DOM.
+ */
+import { IRun } from './api';
+
+/** A non-breaking space: keeps `loss 0.21` or `pid 4711` on one line. */
+export const NBSP = '\u00a0';
+
+/** A metric value with 4 significant digits (`0.2131`, `1.235e-05`). */
+export function formatNumber(value: unknown): string {
+  if (typeof value !== 'number' || !isFinite(value)) {
+    return '-';
+  }
+  const abs = Math.abs(value);
+  if (abs !== 0 && (abs < 1e-3 || abs >= 1e5)) {
+    return value.toExponential(2);
+  }
+  return Number(value.toPrecision(4)).toString();
+}
+
+/** `done/total`, `done` when the total is unknown, `-` before the start. */
+export function fraction(done?: number | null, total?: number | null): string {
+  if (!done && !total) {
+    return '-';
+  }
+  return total ? `${done ?? 0}/${total}` : `${done ?? 0}`;
+}
+
+/** `epoch 4/20`, or '' before the first epoch. */
+export function epochText(run: IRun): string {
+  return run.epoch ? `epoch${NBSP}${fraction(run.epoch, run.epochs)}` : '';
+}
+
+/** The latest metrics, loss first: `loss 0.2131 · val_loss 0.245 · mae 0.3`. */
+export function metricsText(run: IRun, limit = 4): string {
+  const metrics = run.metrics ?? {};
+  const names = Object.keys(metrics).sort((a, b) => rank(a) - rank(b));
+  return names
+    .slice(0, limit)
+    .map(name => `${name}${NBSP}${formatNumber(metrics[name])}`)
+    .join(' · ');
+}
+
+function rank(metric: string): number {
+  const order = ['loss', 'val_loss'];
+  const index = order.indexOf(metric);
+  return index < 0 ? order.length + (metric.startsWith('val_') ? 1 : 0) : index;
+}
+
+/** The file name of a path (`a/b/c.ipynb` -> `c.ipynb`). */
+export function baseName(path: string): string {
+  const parts = path.split(/[\\/]/);
+  return parts[parts.length - 1] || path;
+}
+
+/** The folder of a path (`a/b/c.keras` -> `a/b`). */
+export function dirName(path: string): string {
+  const index = Math.max(path.lastIndexOf('/'), path.lastIndexOf('\\'));
+  return index > 0 ? path.slice(0, index) : path;
+}
+
+/**
+ * Where the run lives, in a few words: its notebook if the run belongs to a
+ * kernel of this server, else its kernel or its process.
+ */
+export function whereText(run: IRun): string {
+  if (run.notebook_path) {
+    return run.notebook_path;
+  }
+  if (run.kernel_id) {
+    const on = run.kernel_on_this_server ? 'this server' : 'another server';
+    return `kernel ${run.kernel_id.slice(0, 8)} (${on})`;
+  }
+  const origin = run.origin || 'process';
+  return run.pid ? `${origin} · pid${NBSP}${run.pid}` : origin;
+}
+
+/** `45s`, `3m05s`, `2h04m`. */
+export function duration(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) {
+    return `${s}s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
+  }
+  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+}
+
+/**
+ * The status bar's words for the active runs, e.g.
+ * `2 training · run-3 epoch 4/20 loss 0.213`; '' when none is active.
+ *
+ * The run named is the most recently started one.
+ */
+export function summaryText(active: IRun[]): string {
+  if (active.length === 0) {
+    return '';
+  }
+  const paused = active.filter(run => run.state === 'paused').length;
+  const training = active.length - paused;
+  const counts: string[] = [];
+  if (training) {
+    counts.push(`${training} training`);
+  }
+  if (paused) {
+    counts.push(`${paused} paused`);
+  }
+  const latest = active.reduce((a, b) =>
+    (b.started ?? 0) >= (a.started ?? 0) ? b : a
+  );
+  const details = [latest.name];
+  if (latest.state !== 'running') {
+    details.push(latest.state);
+  }
+  const epoch = epochText(latest);
+  if (epoch) {
+    details.push(epoch);
+  }
+  const loss = latest.metrics?.loss;
+  if (typeof loss === 'number') {
+    details.push(`loss ${formatNumber(loss)}`);
+  }
+  return `${counts.join(', ')} · ${details.join(' ')}`;
+}

@@ -1,0 +1,154 @@
+/**
+ * `RunsModel`: the runs of this user as the server extension lists them,
+ * polled with backoff, shared by the side panel, the status bar item and the
+ * palette commands.
+ */
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  ACTIVE_STATES,
+  ApiError,
+  Command,
+  fetchRuns,
+  IRun,
+  sendCommand
+} from './api';
+
+/** Poll every second while a run is active, every 5 s otherwise. */
+const ACTIVE_INTERVAL_MS = 1000;
+const IDLE_INTERVAL_MS = 5000;
+/** Failures back off up to this interval. */
+const MAX_INTERVAL_MS = 30000;
+
+/** Whether a run still trains, is about to, or is winding down. */
+export function isActive(run: IRun): boolean {
+  return ACTIVE_STATES.includes(run.state);
+}
+
+/** What one `sendToAll` delivered and what failed. */
+export interface ISendReport {
+  sent: string[];
+  failed: { name: string; message: string }[];
+}
+
+/**
+ * The runs of this user, refreshed by a `Poll` that backs off on failure
+ * and stands by while the page is hidden.
+ */
+export class RunsModel {
+  constructor() {
+    this._poll = new Poll({
+      auto: true,
+      factory: () => this._refresh(),
+      frequency: {
+        interval: ACTIVE_INTERVAL_MS,
+        backoff: true,
+        max: MAX_INTERVAL_MS
+      },
+      name: 'jupyter-traincontrol:runs',
+      standby: 'when-hidden'
+    });
+  }
+
+  /** Emitted after each poll, whether it succeeded or failed. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** The runs of the last successful poll, oldest first. */
+  get runs(): IRun[] {
+    return this._runs;
+  }
+
+  /** The runs still training (or starting, paused, stopping). */
+  get activeRuns(): IRun[] {
+    return this._runs.filter(isActive);
+  }
+
+  /** Why the last poll failed, or null if it succeeded. */
+  get error(): ApiError | null {
+    return this._error;
+  }
+
+  /** True once a poll has answered (successfully or not). */
+  get loaded(): boolean {
+    return this._loaded;
+  }
+
+  /** Polls now rather than at the next tick; resolves after the poll. */
+  async refresh(): Promise<void> {
+    await this._poll.refresh();
+    await this._poll.tick;
+  }
+
+  /**
+   * Sends `command` to one run, then refreshes.
+   *
+   * @returns The server's confirmation message.
+   * @throws {ApiError} With the server's message (404 unknown run, 409 the
+   *   run is no longer listening, ...).
+   */
+  async send(name: string, command: Command): Promise<string> {
+    try {
+      const reply = await sendCommand(name, command);
+      return reply.message;
+    } finally {
+      void this.refresh();
+    }
+  }
+
+  /**
+   * Sends `command` to every run that can take it.
+   *
+   * @param command - `stop` or `save` (or any command).
+   * @returns Which runs got it and which did not, with why.
+   */
+  async sendToAll(command: Command): Promise<ISendReport> {
+    const targets = this.activeRuns.filter(run => run.state !== 'stopping');
+    const report: ISendReport = { sent: [], failed: [] };
+    await Promise.all(
+      targets.map(async run => {
+        try {
+          await sendCommand(run.name, command);
+          report.sent.push(run.name);
+        } catch (error) {
+          report.failed.push({ name: run.name, message: `${error}` });
+        }
+      })
+    );
+    void this.refresh();
+    return report;
+  }
+
+  dispose(): void {
+    this._poll.dispose();
+    Signal.clearData(this);
+  }
+
+  private async _refresh(): Promise<void> {
+    try {
+      this._runs = await fetchRuns();
+      this._error = null;
+    } catch (error) {
+      this._error =
+        error instanceof ApiError ? error : new ApiError(0, `${error}`);
+      this._loaded = true;
+      this._changed.emit();
+      throw error; // the poll backs off
+    }
+    this._loaded = true;
+    const interval =
+      this.activeRuns.length > 0 ? ACTIVE_INTERVAL_MS : IDLE_INTERVAL_MS;
+    if (this._poll.frequency.interval !== interval) {
+      this._poll.frequency = { ...this._poll.frequency, interval };
+    }
+    this._changed.emit();
+  }
+
+  private _poll: Poll;
+  private _runs: IRun[] = [];
+  private _error: ApiError | null = null;
+  private _loaded = false;
+  private _changed = new Signal<this, void>(this);
+}

@@ -1,0 +1,408 @@
+"""The JupyterLab side panel and status bar item, in a real browser.
+
+A real JupyterLab (and Notebook 7) server runs in a subprocess with private
+Jupyter folders; Debian's chromium is driven by Playwright (no downloaded
+browser). The runs are the example training script in subprocesses, and
+``%%interruptible_fit`` cells in a real notebook kernel.
+
+Screenshots are written under ``test-artifacts/browser/`` (ignored by git);
+their paths are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, TrainingProcess, read_sidecar, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "traincontrol-browser-test"
+ARTIFACTS = REPO / "test-artifacts" / "browser"
+PANEL = "#jp-traincontrol-panel"
+PANEL_TAB = '.jp-SideBar li[data-id="jp-traincontrol-panel"]'
+STATUS_ITEM = ".jp-TrainControl-status"
+
+pytestmark = pytest.mark.skipif(
+    not os.access(CHROMIUM, os.X_OK),
+    reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium) to run the browser tests",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class JupyterServer:
+    """`jupyter lab` or `jupyter notebook` in a subprocess, with private Jupyter folders.
+
+    The runtime dir is the test's, so the server sees the runs the test starts.
+
+    Args:
+        app: ``"lab"`` or ``"notebook"``.
+        home: A private folder for the server's config, data, settings and notebooks.
+        server_extension: Enable the jupyter_traincontrol server extension.
+    """
+
+    def __init__(self, app: str, home: Path, *, server_extension: bool = True):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config, data, settings, workspaces, root = (home / name for name in ("config", "data", "settings", "workspaces", "root"))
+        self.root = root
+        for folder in (config, data, settings, workspaces, root):
+            folder.mkdir(parents=True, exist_ok=True)
+        # No first-run "news / updates" toast over the page.
+        notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        notification.parent.mkdir(parents=True)
+        notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        env = {
+            **os.environ,
+            "JUPYTER_CONFIG_DIR": str(config),
+            "JUPYTER_DATA_DIR": str(data),
+            "JUPYTERLAB_SETTINGS_DIR": str(settings),
+            "JUPYTERLAB_WORKSPACES_DIR": str(workspaces),
+        }
+        app_class = "LabApp" if app == "lab" else "JupyterNotebookApp"
+        argv = [
+            sys.executable, "-m", "jupyter", app, "--no-browser", "--allow-root",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
+            f"--{app_class}.expose_app_in_browser=True",
+        ]
+        if not server_extension:  # the command line wins over the config files that enable it
+            argv += ["--ServerApp.jpserver_extensions", "jupyter_traincontrol=False"]
+        self.log_path = home / f"jupyter-{app}.log"
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        wait_until(self._answers, timeout=60, interval=0.2, message=f"jupyter {app} to answer on {self.url} (log: {self.log_path})")
+
+    def _answers(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"jupyter exited with {self.process.returncode}: {self.log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/status?token={TOKEN}", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture
+def browser():
+    """Chromium, started per test: Playwright's sync API runs an event loop of
+    its own, which must be gone before pytest-jupyter closes the test's loop."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run",
+            ],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    yield page
+    context.close()
+
+
+@pytest.fixture
+def jupyter(tmp_path):
+    """Starts a Jupyter server for this test; stops it at teardown."""
+    servers = []
+
+    def start(app: str = "lab", **kwargs) -> JupyterServer:
+        server = JupyterServer(app, tmp_path / f"jupyter-{app}-{len(servers)}", **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def training(tmp_path):
+    """Starts the example training script; kills it at teardown if a test failed."""
+    started = []
+
+    def start(*args, **kwargs) -> TrainingProcess:
+        process = TrainingProcess(*args, **kwargs)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+
+
+def screenshot(target, name: str) -> Path:
+    """Saves a screenshot of a page or element under test-artifacts/browser/ and prints its path."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    target.screenshot(path=str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def words(locator) -> str:
+    """The text of an element, non-breaking spaces read as spaces."""
+    return locator.inner_text().replace("\u00a0", " ")
+
+
+def open_lab(page, server: JupyterServer) -> None:
+    page.goto(f"{server.url}/lab?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+    page.wait_for_selector(PANEL_TAB)
+
+
+def test_side_panel_shows_a_run_and_stops_it(jupyter, page, training, tmp_path):
+    script = training(
+        "--name", "browser-run", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200", "--batch-sleep", "0.05",
+        linger=True,
+    )
+    server = jupyter("lab")
+    open_lab(page, server)
+
+    # The status bar summarises the active run; clicking it opens the panel.
+    status = page.locator(STATUS_ITEM)
+    status.wait_for()
+    wait_until(lambda: re.fullmatch(r"1 training · browser-run epoch \d+/200 loss [0-9.e-]+", words(status)),
+               timeout=30, message=f"the status bar summary (got {words(status)!r})")
+    panel = page.locator(PANEL)
+    assert not panel.is_visible()
+    status.click()
+    panel.wait_for(state="visible")
+
+    card = panel.locator('.jp-TrainControl-run[data-run="browser-run"]')
+    card.wait_for()
+    assert card.get_attribute("data-state") == "running"
+    assert words(card.locator(".jp-TrainControl-where")) == f"train_with_control.py · pid {script.process.pid}"
+    # Two epochs done: a loss chart with a line for loss and one for val_loss.
+    card.locator("polyline.jp-TrainControl-chartValLoss").wait_for(timeout=60_000)
+    assert re.fullmatch(r"epoch \d+/200 · batch \d+/14 · \d+s elapsed", words(card.locator(".jp-TrainControl-progressText")))
+    assert words(card.locator(".jp-TrainControl-metrics")).startswith("loss ")
+    assert [b.inner_text() for b in card.locator("button").all()] == ["Save", "Stop", "Abort", "Pause"]
+    screenshot(panel, "panel-running")
+    screenshot(page.locator("#jp-main-statusbar"), "statusbar-running")
+    screenshot(page, "lab-running")
+
+    # Abort asks first; cancelling leaves the run alone.
+    card.get_by_role("button", name="Abort", exact=True).click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.get_by_text("Abort browser-run?").wait_for()
+    dialog.get_by_role("button", name="Cancel").click()
+    dialog.wait_for(state="detached")
+    assert card.get_attribute("data-state") == "running"
+
+    card.get_by_role("button", name="Stop", exact=True).click()
+    card.locator(".jp-TrainControl-feedback").filter(has_text="Sent stop to browser-run.").wait_for()
+    page.wait_for_selector('.jp-TrainControl-run[data-run="browser-run"][data-state="stopped"]', timeout=30_000)
+    assert "jp-mod-ended" in card.get_attribute("class")
+    assert not card.locator(".jp-TrainControl-buttons").is_visible()
+    shown = [item.get_attribute("data-path") for item in card.locator(".jp-TrainControl-checkpoint").all()]
+    assert len(shown) == 1 and shown[0].endswith(".keras")
+    status.wait_for(state="hidden")  # no active run: the status item goes
+    screenshot(panel, "panel-stopped")
+
+    code, result, err = script.finish()
+    assert code == 0, err
+    assert result["state"] == "stopped" and result["checkpoints"] == shown
+    assert read_sidecar(shown[0])["reason"] == "stop"
+
+
+def test_an_unreachable_server_extension_is_shown_as_such(jupyter, page):
+    server = jupyter("lab", server_extension=False)
+    open_lab(page, server)
+    page.locator(PANEL_TAB).click()
+    banner = page.locator(f"{PANEL} .jp-TrainControl-banner.jp-mod-error")
+    banner.wait_for()
+    assert words(banner).startswith("Server extension not found\nThe jupyter_traincontrol server extension is not enabled")
+    assert page.locator(f"{PANEL} .jp-TrainControl-run").count() == 0
+    screenshot(page.locator(PANEL), "panel-unreachable")
+
+
+def run_from_palette(page, label: str) -> None:
+    """Runs a command through the command palette, as a user would."""
+    page.keyboard.press("Control+Shift+C")
+    search = page.locator(".lm-CommandPalette-input")
+    search.wait_for()
+    search.fill(label)
+    page.locator(".lm-CommandPalette-item", has_text=label).first.wait_for()
+    search.press("Enter")
+
+
+def test_notebook_7_view_menu_pause_resume_and_palette_commands(jupyter, page, training, tmp_path):
+    script = training(
+        "--name", "nb7-run", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200", "--batch-sleep", "0.05",
+        linger=True,
+    )
+    server = jupyter("notebook")
+    page.goto(f"{server.url}/tree?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+    assert page.locator("#jp-main-statusbar").count() == 0  # Notebook 7 has no status bar
+
+    page.locator(".lm-MenuBar-itemLabel", has_text="View").click()
+    page.locator(".lm-Menu-itemLabel", has_text="Training Runs").click()
+    card = page.locator(f'{PANEL} .jp-TrainControl-run[data-run="nb7-run"]')
+    card.wait_for()
+    assert card.get_attribute("data-state") == "running"
+
+    card.get_by_role("button", name="Pause", exact=True).click()
+    page.wait_for_selector('.jp-TrainControl-run[data-run="nb7-run"][data-state="paused"]')
+    resume = card.get_by_role("button", name="Resume", exact=True)
+    resume.wait_for()
+    screenshot(page, "notebook7-paused")
+    resume.click()
+    page.wait_for_selector('.jp-TrainControl-run[data-run="nb7-run"][data-state="running"]')
+
+    run_from_palette(page, "Save All Training Runs")
+    page.locator(".jp-TrainControl-checkpointSummary", has_text="1 checkpoint").wait_for()
+    run_from_palette(page, "Stop All Training Runs")
+    page.wait_for_selector('.jp-TrainControl-run[data-run="nb7-run"][data-state="stopped"]', timeout=30_000)
+    screenshot(page, "notebook7-stopped")
+
+    code, result, err = script.finish()
+    assert code == 0, err
+    assert result["state"] == "stopped"
+    assert [read_sidecar(path)["reason"] for path in result["checkpoints"]] == ["save", "stop"]
+
+
+def _notebook(cells: list[str]) -> str:
+    return json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source} for source in cells],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    })
+
+
+TRAIN_CELLS = [
+    # 0: the extension, data and a model that trains at a watchable pace
+    """%load_ext jupyter_traincontrol
+import time
+import numpy as np
+import keras
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 8)).astype("float32")
+y = (x @ rng.normal(size=(8, 1))).astype("float32")
+
+def build_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.05)""",
+    # 1: a run in the background
+    """%%interruptible_fit --name nb-busy --checkpoint-dir {ck}/nb-busy
+history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)""",
+    # 2: a long foreground cell: the kernel is busy, widget buttons cannot reach it
+    """for _ in range(1200):
+    time.sleep(0.1)
+print("foreground cell done")""",
+    # 3: another run, to be stopped from its own panel while the kernel is idle
+    """%%interruptible_fit --name nb-idle --checkpoint-dir {ck}/nb-idle
+history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)""",
+]
+
+_KERNEL_STATE = """() => {
+    const widget = window.jupyterapp.shell.currentWidget;
+    const kernel = widget && widget.sessionContext && widget.sessionContext.session
+        && widget.sessionContext.session.kernel;
+    return kernel ? `${kernel.connectionStatus}/${kernel.status}` : null;
+}"""
+
+
+def kernel_state(page) -> str | None:
+    return page.evaluate(_KERNEL_STATE)
+
+
+def run_cell(page, index: int) -> None:
+    """Runs cell `index` with Shift+Enter, as a user would."""
+    page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+
+
+def wait_idle(page, timeout: float = 90) -> None:
+    # The execution indicator says idle before the kernel exists; ask the kernel itself.
+    wait_until(lambda: kernel_state(page) == "connected/idle", timeout=timeout, interval=0.2,
+               message=f"an idle kernel (got {kernel_state(page)})")
+
+
+def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page, tmp_path):
+    server = jupyter("lab")
+    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
+    (server.root / "train.ipynb").write_text(_notebook(cells))
+    page.goto(f"{server.url}/lab/tree/train.ipynb?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    wait_idle(page)
+    run_cell(page, 0)
+    wait_idle(page)
+    run_cell(page, 1)
+    page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output button.widget-button").first.wait_for()
+    wait_idle(page)
+
+    page.locator(PANEL_TAB).click()
+    busy_card = page.locator(f'{PANEL} .jp-TrainControl-run[data-run="nb-busy"]')
+    busy_card.wait_for()
+    assert words(busy_card.locator(".jp-TrainControl-where")) == "train.ipynb"
+    busy_card.locator(".jp-TrainControl-metrics").wait_for()
+
+    run_cell(page, 2)  # the foreground cell keeps the kernel busy for two minutes
+    wait_until(lambda: kernel_state(page) == "connected/busy", timeout=10, message="a busy kernel")
+    busy_card.get_by_role("button", name="Stop", exact=True).click()
+    page.wait_for_selector('.jp-TrainControl-run[data-run="nb-busy"][data-state="stopped"]', timeout=30_000)
+    assert kernel_state(page) == "connected/busy", "the foreground cell should still run"
+    (checkpoint,) = [item.get_attribute("data-path") for item in busy_card.locator(".jp-TrainControl-checkpoint").all()]
+    assert read_sidecar(checkpoint)["reason"] == "stop"
+    screenshot(page, "notebook-busy-kernel-run-stopped")
+
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+    wait_idle(page, timeout=30)
+    run_cell(page, 3)
+    idle_output = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".jp-OutputArea-output")
+    idle_card = page.locator(f'{PANEL} .jp-TrainControl-run[data-run="nb-idle"]')
+    idle_card.locator(".jp-TrainControl-metrics").wait_for()
+    idle_output.locator("button.widget-button", has_text="Stop").wait_for()
+    wait_idle(page)
+    labels = [button.inner_text().strip() for button in idle_output.locator("button.widget-button").all()]
+    assert labels == ["Save", "Stop", "Abort", "Pause"], labels
+    idle_output.locator("button.widget-button", has_text="Stop").click()
+    page.wait_for_selector('.jp-TrainControl-run[data-run="nb-idle"][data-state="stopped"]', timeout=30_000)
+    (checkpoint,) = [item.get_attribute("data-path") for item in idle_card.locator(".jp-TrainControl-checkpoint").all()]
+    assert read_sidecar(checkpoint)["reason"] == "stop"
+    screenshot(page, "notebook-idle-kernel-widget-stop")
