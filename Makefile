@@ -16,7 +16,7 @@ LAB_SOURCES := setup.py labextension/package.json labextension/package-lock.json
 $(STAMP): setup.cfg pyproject.toml $(LAB_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e ".[test,lab]"
+	$(BIN)/pip install -e ".[test]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -22,7 +22,7 @@ from .commands import COMMAND_NAMES, Command, UnknownCommandError, parse_command
 from .private_fs import UnsafePathError
 from .registry import FINAL_STATES, RunNotFoundError, find_run, list_runs
 
-__all__ = ["main", "send_to_run", "format_table"]
+__all__ = ["main", "send_to_run", "format_table", "public_record"]
 
 EXIT_USAGE, EXIT_NO_RUN, EXIT_NOT_LISTENING, EXIT_NOT_DELIVERED = 2, 3, 4, 5
 
@@ -116,14 +116,15 @@ def format_table(records: Sequence[dict[str, Any]], now: float | None = None) ->
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
 
 
-def _public_record(record: dict[str, Any]) -> dict[str, Any]:
+def public_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A run record as ``list --json`` and the server show it (internal fields dropped)."""
     return {key: value for key, value in record.items() if key not in ("pid_start",)}
 
 
 def _command_list(args: argparse.Namespace) -> int:
     records = list_runs()
     if args.json:
-        print(json.dumps([_public_record(record) for record in records], indent=1, sort_keys=True))
+        print(json.dumps([public_record(record) for record in records], indent=1, sort_keys=True))
     elif records:
         print(format_table(records))
     else:

@@ -31,7 +31,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from ..channel import ChannelError, NotListeningError
-from ..cli import _public_record, send_to_run
+from ..cli import public_record, send_to_run
 from ..commands import COMMAND_NAMES, UnknownCommandError
 from ..registry import RunNotFoundError, list_runs
 
@@ -45,7 +45,7 @@ _T = TypeVar("_T")
 
 def listed_runs() -> list[dict[str, Any]]:
     """The records of the listed runs, as ``jupyter-traincontrol list --json`` prints them."""
-    return [_public_record(record) for record in list_runs()]
+    return [public_record(record) for record in list_runs()]
 
 
 class _TrainControlHandler(APIHandler):
