@@ -35,11 +35,11 @@ from notebook_runner import KernelSession  # noqa: E402
 SETUP = """
 import gc, time, threading, json, numpy as np, keras
 _gc_pauses = []
-def _gc_timer(phase, info, _started=[0.0]):
+def _gc_timer(phase, info, _started=[0.0], _pauses=_gc_pauses):
     if phase == "start":
         _started[0] = time.perf_counter()
     else:
-        _gc_pauses.append((info["generation"], time.perf_counter() - _started[0]))
+        _pauses.append((info["generation"], time.perf_counter() - _started[0]))
 gc.callbacks.append(_gc_timer)
 rng = np.random.default_rng(0)
 x = rng.normal(size=({samples}, 256)).astype("float32")
