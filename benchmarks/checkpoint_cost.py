@@ -1,0 +1,196 @@
+"""How long a `save` command holds the training thread, against a plain `model.save`.
+
+For models whose checkpoint file is about 1 MB, 50 MB and 500 MB (one Dense
+layer trained with Adam, so the file holds the weights and the optimizer's
+two moment tensors), one real `fit` runs with the callbacks
+``[probe, ControlCallback, stopwatch]``. At each measured batch boundary the
+probe either
+
+- ``model.save``: calls ``model.save(path)`` itself and times it, always to
+  the same path, overwritten (what `ModelCheckpoint` with a fixed path
+  does); or
+- ``save command``: writes ``save`` to the run's FIFO, waits until the
+  reader thread has queued it, and starts a clock that the stopwatch stops
+  right after `ControlCallback`'s batch hook, which wrote the checkpoint
+  (atomic staging, flush to disk, sidecar, rename, pruning to keep=3):
+  exactly the time the training thread is held.
+
+The two alternate, round after round. Then `CheckpointStore.save` alone is
+profiled (cProfile) to show what its time is made of.
+
+Usage::
+
+    python benchmarks/checkpoint_cost.py               # 1, 50 and 500 MB, 7 rounds
+    python benchmarks/checkpoint_cost.py --sizes 1,50  # only some sizes
+    python benchmarks/checkpoint_cost.py --quick       # 1 MB, 2 rounds (a smoke run)
+"""
+
+from __future__ import annotations
+
+import cProfile
+import math
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+_common.prepare_environment()
+
+GOAL_RATIO = 1.1
+VARIANTS = ("model.save", "save command")
+
+
+def model_with_file_size(megabytes: float, seed: int = 0):
+    """A one-layer model whose `.keras` file (weights + Adam moments) has about `megabytes` MB."""
+    units = max(8, round(math.sqrt(megabytes * 1e6 / (3 * 4))))  # 3 float32 tensors of units^2
+    model = _common.dense_model(units, [], outputs=units, bias=False, seed=seed)
+    _common.train_one_step(model)
+    return model
+
+
+def measure_hold_times(model, folder: Path, rounds: int) -> dict[str, list[float]]:
+    """Alternates plain saves and save commands inside one real `fit`.
+
+    Returns:
+        Variant name to the measured seconds, one per round.
+    """
+    import keras
+    import numpy as np
+
+    from jupyter_traincontrol import ControlCallback
+    from jupyter_traincontrol.channel import send_command
+
+    schedule = _common.rotation(list(VARIANTS), rounds, warmup=1)
+    control = ControlCallback(name="bench-checkpoint", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False, handle_sigint=False)
+    checkpoint_events = []
+    results: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    plain_path = folder / "plain" / "model.keras"
+    plain_path.parent.mkdir()
+    started = {}
+
+    class Probe(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.index = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.index >= len(schedule):
+                return
+            _round, name, warming = schedule[self.index]
+            if name == "model.save":
+                begin = time.perf_counter()
+                self.model.save(plain_path)
+                if not warming:
+                    results[name].append(time.perf_counter() - begin)
+            else:
+                send_command(control.fifo, "save")
+                _common.wait_for(lambda: control.control.channel.pending, 10, "the save command to be queued")
+                started["at"], started["warming"] = time.perf_counter(), warming
+            self.index += 1
+
+    class Stopwatch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if "at" in started:
+                held = time.perf_counter() - started.pop("at")
+                if not started.pop("warming"):
+                    results["save command"].append(held)
+
+    def on_event(_control, event):
+        if event is not None and event["kind"] == "checkpoint":
+            checkpoint_events.append(event)
+
+    control.control.add_listener(on_event)
+    units = model.input_shape[-1]
+    steps = len(schedule) + 1
+    x = np.zeros((steps, units), "float32")
+    model.fit(x, x, batch_size=1, epochs=1, shuffle=False, verbose=0, callbacks=[Probe(), control, Stopwatch()])
+    expected = sum(1 for _r, name, _w in schedule if name == "save command")
+    if len(checkpoint_events) != expected or len(results["save command"]) != rounds:
+        raise RuntimeError(f"Expected {expected} checkpoints, the run wrote {len(checkpoint_events)}: {list(control.control.events)}")
+    return results
+
+
+#: Parts of `CheckpointStore.save`, by the functions that do them.
+PARTS = {
+    "model.save": lambda key: key[2] == "save" and key[0].endswith(os.path.join("keras", "src", "models", "model.py")),
+    "fsync files": lambda key: key[2] == "_fsync_file",
+    "fsync folder": lambda key: key[2] == "_fsync_dir",
+    "sidecar write": lambda key: key[2] == "write_text",
+    "renames": lambda key: key[2] == "<built-in method posix.replace>",
+    "staging: mkdtemp/rmtree": lambda key: key[2] in ("mkdtemp", "rmtree") and key[0].endswith(("tempfile.py", "shutil.py")),
+    "listing, prune": lambda key: key[2] in ("_prune", "_remove_partials", "_next_sequence"),
+}
+
+
+def profile_parts(model, folder: Path, rounds: int) -> dict[str, list[float]]:
+    """Profiles `CheckpointStore.save` and splits its time into `PARTS`.
+
+    Returns:
+        Part name (and ``total``, ``other``) to seconds, one per save.
+    """
+    from jupyter_traincontrol.checkpoint import CheckpointStore, TrainingPosition
+
+    store = CheckpointStore(folder / "profiled", keep=3)
+    parts: dict[str, list[float]] = {name: [] for name in [*PARTS, "other", "total"]}
+    for step in range(rounds + 1):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        store.save(model, TrainingPosition(epoch=0, step_in_epoch=step), reason="save")
+        profiler.disable()
+        stats = pstats.Stats(profiler).stats
+        total = next(v[3] for k, v in stats.items() if k[2] == "save" and k[0].endswith("checkpoint.py"))
+        if step == 0:
+            continue  # warm-up
+        found = 0.0
+        for name, matches in PARTS.items():
+            seconds = sum(v[3] for k, v in stats.items() if matches(k))
+            parts[name].append(seconds)
+            found += seconds
+        parts["other"].append(total - found)
+        parts["total"].append(total)
+    return parts
+
+
+def main(argv=None) -> int:
+    parser = _common.make_parser(__doc__, rounds=7, quick_rounds=2)
+    parser.add_argument("--sizes", default="1,50,500", help="checkpoint sizes in MB, comma-separated (default 1,50,500)")
+    args = _common.parse_args(parser, argv)
+    sizes = [1.0] if args.quick else [float(s) for s in args.sizes.split(",")]
+
+    summary = []
+    with _common.scratch_folder(args.dir, "traincontrol-bench-ckpt-") as scratch:
+        print(f"checkpoint_cost: {args.rounds} rounds per size, variants alternating; folder {scratch}")
+        rows, part_rows = [], []
+        for megabytes in sizes:
+            model = model_with_file_size(megabytes, seed=args.seed)
+            folder = scratch / f"{megabytes:g}MB"
+            folder.mkdir()
+            times = measure_hold_times(model, folder, args.rounds)
+            file_mb = os.path.getsize(folder / "plain" / "model.keras") / 1e6
+            ratios = _common.paired_ratios(times, "model.save")["save command"]
+            plain, ours = _common.median(times["model.save"]), _common.median(times["save command"])
+            ratio = _common.median(ratios)
+            rows.append([f"{file_mb:.1f} MB", plain * 1e3, ours * 1e3, (ours - plain) * 1e3, ratio,
+                         min(ratios), max(ratios), "yes" if ratio <= GOAL_RATIO else "NO"])
+            parts = profile_parts(model, folder, max(2, args.rounds // 2))
+            part_rows.append([f"{file_mb:.1f} MB"] + [_common.median(parts[name]) * 1e3 for name in parts])
+            summary.append(f"{file_mb:.0f}MB {ratio:.3f}x")
+            del model
+        print("\nTraining thread held (ms, medians); ratio = median of per-round (save command / model.save)")
+        _common.print_table(
+            ["file", "model.save", "save command", "extra", "ratio", "min", "max", f"<= {GOAL_RATIO}x"], rows
+        )
+        print("\nCheckpointStore.save alone, profiled (ms, medians; cProfile slows Python code a little)")
+        _common.print_table(["file", *PARTS, "other", "total"], part_rows)
+    _common.print_summary(
+        f"checkpoint_cost: save command / plain model.save = {', '.join(summary)} (goal <= {GOAL_RATIO}x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
