@@ -15,14 +15,18 @@ probe either
   (atomic staging, flush to disk, sidecar, rename, pruning to keep=3):
   exactly the time the training thread is held.
 
-The two alternate, round after round. Then `CheckpointStore.save` alone is
-profiled (cProfile) to show what its time is made of.
+The two alternate, round after round, in two spacings: ``written-back``
+(before each measured save, `os.sync` has the kernel write all dirty data,
+untimed, as it does by itself within about 30 s: how saves minutes apart
+find the disk) and ``back-to-back`` (saves a batch apart: the worst case).
+Then `CheckpointStore.save` alone is profiled (cProfile) to show what its
+time is made of.
 
 Usage::
 
-    python benchmarks/checkpoint_cost.py               # 1, 50 and 500 MB, 7 rounds
-    python benchmarks/checkpoint_cost.py --sizes 1,50  # only some sizes
-    python benchmarks/checkpoint_cost.py --quick       # 1 MB, 2 rounds (a smoke run)
+    python benchmarks/checkpoint_cost.py               # 1, 50 and 500 MB, both spacings, 7 rounds
+    python benchmarks/checkpoint_cost.py --sizes 1,50 --spacing back-to-back
+    python benchmarks/checkpoint_cost.py --quick       # 1 MB, written-back, 2 rounds (a smoke run)
 """
 
 from __future__ import annotations
@@ -52,8 +56,18 @@ def model_with_file_size(megabytes: float, seed: int = 0):
     return model
 
 
-def measure_hold_times(model, folder: Path, rounds: int) -> dict[str, list[float]]:
+def measure_hold_times(model, folder: Path, rounds: int, written_back: bool) -> dict[str, list[float]]:
     """Alternates plain saves and save commands inside one real `fit`.
+
+    Args:
+        model: The model to train and save.
+        folder: Scratch folder for this measurement.
+        rounds: Measured rounds (one of each variant per round).
+        written_back: Before each measured save, have the kernel write all
+            dirty data to disk (`os.sync`, not timed), as it does by itself
+            within about 30 s: each save then starts the way it does in a
+            real run whose checkpoints are minutes apart. Otherwise the saves
+            follow each other a batch apart (the worst case).
 
     Returns:
         Variant name to the measured seconds, one per round.
@@ -81,6 +95,9 @@ def measure_hold_times(model, folder: Path, rounds: int) -> dict[str, list[float
             if self.index >= len(schedule):
                 return
             _round, name, warming = schedule[self.index]
+            self.index += 1
+            if written_back:
+                os.sync()
             if name == "model.save":
                 begin = time.perf_counter()
                 self.model.save(plain_path)
@@ -90,7 +107,6 @@ def measure_hold_times(model, folder: Path, rounds: int) -> dict[str, list[float
                 send_command(control.fifo, "save")
                 _common.wait_for(lambda: control.control.channel.pending, 10, "the save command to be queued")
                 started["at"], started["warming"] = time.perf_counter(), warming
-            self.index += 1
 
     class Stopwatch(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -105,8 +121,7 @@ def measure_hold_times(model, folder: Path, rounds: int) -> dict[str, list[float
 
     control.control.add_listener(on_event)
     units = model.input_shape[-1]
-    steps = len(schedule) + 1
-    x = np.zeros((steps, units), "float32")
+    x = np.zeros((len(schedule) + 1, units), "float32")
     model.fit(x, x, batch_size=1, epochs=1, shuffle=False, verbose=0, callbacks=[Probe(), control, Stopwatch()])
     expected = sum(1 for _r, name, _w in schedule if name == "save command")
     if len(checkpoint_events) != expected or len(results["save command"]) != rounds:
@@ -114,78 +129,105 @@ def measure_hold_times(model, folder: Path, rounds: int) -> dict[str, list[float
     return results
 
 
-#: Parts of `CheckpointStore.save`, by the functions that do them.
-PARTS = {
-    "model.save": lambda key: key[2] == "save" and key[0].endswith(os.path.join("keras", "src", "models", "model.py")),
-    "fsync files": lambda key: key[2] == "_fsync_file",
-    "fsync folder": lambda key: key[2] == "_fsync_dir",
-    "sidecar write": lambda key: key[2] == "write_text",
-    "renames": lambda key: key[2] == "<built-in method posix.replace>",
-    "staging: mkdtemp/rmtree": lambda key: key[2] in ("mkdtemp", "rmtree") and key[0].endswith(("tempfile.py", "shutil.py")),
-    "listing, prune": lambda key: key[2] in ("_prune", "_remove_partials", "_next_sequence"),
-}
+def _cumulative(stats, funcname: str, file_end: str, *, caller: str | None = None) -> float:
+    """Seconds spent in (and below) the functions called `funcname` defined in
+    a file ending in `file_end`; with `caller`, only in calls made directly
+    by functions of that name in ``checkpoint.py``."""
+    total = 0.0
+    for key, (_cc, _nc, _tt, cumulative, callers) in stats.items():
+        if key[2] != funcname or not key[0].endswith(file_end):
+            continue
+        if caller is None:
+            total += cumulative
+        else:
+            total += sum(v[3] for k, v in callers.items() if k[2] == caller and k[0].endswith("checkpoint.py"))
+    return total
 
 
-def profile_parts(model, folder: Path, rounds: int) -> dict[str, list[float]]:
-    """Profiles `CheckpointStore.save` and splits its time into `PARTS`.
+def split_parts(stats) -> dict[str, float]:
+    """Splits a profiled `CheckpointStore.save` into its parts (seconds)."""
+    ours = "checkpoint.py"
+
+    def in_save(funcname, file_end):
+        return _cumulative(stats, funcname, file_end, caller="save")
+
+    flush = _cumulative(stats, "_flush", ours)
+    parts = {
+        "model.save": _cumulative(stats, "save", os.path.join("keras", "src", "models", "model.py")),
+        "sidecar write": in_save("write_text", "pathlib.py"),
+        "renames": in_save("<built-in method posix.replace>", "~"),
+        "staging folder": in_save("mkdtemp", "tempfile.py") + in_save("rmtree", "shutil.py"),
+        "flush (fsync)": flush,
+        "listing, prune": sum(in_save(name, ours) for name in ("_prune", "_remove_partials", "_next_sequence")) - flush,
+    }
+    total = _cumulative(stats, "save", ours)
+    parts["other"] = total - sum(parts.values())
+    parts["total"] = total
+    return parts
+
+
+def profile_parts(model, folder: Path, rounds: int, written_back: bool) -> dict[str, list[float]]:
+    """Profiles `CheckpointStore.save` and splits its time with `split_parts`.
 
     Returns:
-        Part name (and ``total``, ``other``) to seconds, one per save.
+        Part name to seconds, one per save.
     """
     from jupyter_traincontrol.checkpoint import CheckpointStore, TrainingPosition
 
     store = CheckpointStore(folder / "profiled", keep=3)
-    parts: dict[str, list[float]] = {name: [] for name in [*PARTS, "other", "total"]}
-    for step in range(rounds + 1):
+    parts: dict[str, list[float]] = {}
+    for step in range(store.keep + rounds):  # the first `keep` saves prune nothing
+        if written_back:
+            os.sync()
         profiler = cProfile.Profile()
         profiler.enable()
         store.save(model, TrainingPosition(epoch=0, step_in_epoch=step), reason="save")
         profiler.disable()
-        stats = pstats.Stats(profiler).stats
-        total = next(v[3] for k, v in stats.items() if k[2] == "save" and k[0].endswith("checkpoint.py"))
-        if step == 0:
-            continue  # warm-up
-        found = 0.0
-        for name, matches in PARTS.items():
-            seconds = sum(v[3] for k, v in stats.items() if matches(k))
-            parts[name].append(seconds)
-            found += seconds
-        parts["other"].append(total - found)
-        parts["total"].append(total)
+        if step >= store.keep:
+            for name, seconds in split_parts(pstats.Stats(profiler).stats).items():
+                parts.setdefault(name, []).append(seconds)
     return parts
+
+
+SPACINGS = {"written-back": True, "back-to-back": False}
 
 
 def main(argv=None) -> int:
     parser = _common.make_parser(__doc__, rounds=7, quick_rounds=2)
     parser.add_argument("--sizes", default="1,50,500", help="checkpoint sizes in MB, comma-separated (default 1,50,500)")
+    parser.add_argument("--spacing", choices=[*SPACINGS, "both"], default="both",
+                        help="start each save with everything written back, or save back to back (default both)")
     args = _common.parse_args(parser, argv)
     sizes = [1.0] if args.quick else [float(s) for s in args.sizes.split(",")]
+    spacings = ["written-back"] if args.quick else list(SPACINGS) if args.spacing == "both" else [args.spacing]
 
     summary = []
     with _common.scratch_folder(args.dir, "traincontrol-bench-ckpt-") as scratch:
-        print(f"checkpoint_cost: {args.rounds} rounds per size, variants alternating; folder {scratch}")
+        print(f"checkpoint_cost: {args.rounds} rounds per size and spacing, variants alternating in one fit; in {scratch}")
         rows, part_rows = [], []
         for megabytes in sizes:
             model = model_with_file_size(megabytes, seed=args.seed)
-            folder = scratch / f"{megabytes:g}MB"
-            folder.mkdir()
-            times = measure_hold_times(model, folder, args.rounds)
-            file_mb = os.path.getsize(folder / "plain" / "model.keras") / 1e6
-            ratios = _common.paired_ratios(times, "model.save")["save command"]
-            plain, ours = _common.median(times["model.save"]), _common.median(times["save command"])
-            ratio = _common.median(ratios)
-            rows.append([f"{file_mb:.1f} MB", plain * 1e3, ours * 1e3, (ours - plain) * 1e3, ratio,
-                         min(ratios), max(ratios), "yes" if ratio <= GOAL_RATIO else "NO"])
-            parts = profile_parts(model, folder, max(2, args.rounds // 2))
-            part_rows.append([f"{file_mb:.1f} MB"] + [_common.median(parts[name]) * 1e3 for name in parts])
-            summary.append(f"{file_mb:.0f}MB {ratio:.3f}x")
+            for spacing in spacings:
+                folder = scratch / f"{megabytes:g}MB-{spacing}"
+                folder.mkdir()
+                times = measure_hold_times(model, folder, args.rounds, SPACINGS[spacing])
+                file_mb = os.path.getsize(folder / "plain" / "model.keras") / 1e6
+                ratios = _common.paired_ratios(times, "model.save")["save command"]
+                plain, ours = _common.median(times["model.save"]), _common.median(times["save command"])
+                ratio = _common.median(ratios)
+                rows.append([f"{file_mb:.1f} MB", spacing, plain * 1e3, ours * 1e3, (ours - plain) * 1e3, ratio,
+                             min(ratios), max(ratios), "yes" if ratio <= GOAL_RATIO else "NO"])
+                summary.append(f"{file_mb:.0f}MB {spacing} {ratio:.3f}x")
+            parts = profile_parts(model, scratch / f"{megabytes:g}MB-{spacings[0]}", max(2, args.rounds // 2),
+                                  SPACINGS[spacings[0]])
+            part_rows.append([f"{file_mb:.1f} MB"] + [_common.median(seconds) * 1e3 for seconds in parts.values()])
             del model
-        print("\nTraining thread held (ms, medians); ratio = median of per-round (save command / model.save)")
+        print("\nTraining thread held (ms, medians); ratio = median of the per-round ratios (save command / model.save)")
         _common.print_table(
-            ["file", "model.save", "save command", "extra", "ratio", "min", "max", f"<= {GOAL_RATIO}x"], rows
+            ["file", "spacing", "model.save", "save command", "extra", "ratio", "min", "max", f"<= {GOAL_RATIO}x"], rows
         )
-        print("\nCheckpointStore.save alone, profiled (ms, medians; cProfile slows Python code a little)")
-        _common.print_table(["file", *PARTS, "other", "total"], part_rows)
+        print(f"\nCheckpointStore.save alone, profiled with cProfile ({spacings[0]}; ms, medians; cProfile slows Python code)")
+        _common.print_table(["file", *parts], part_rows)
     _common.print_summary(
         f"checkpoint_cost: save command / plain model.save = {', '.join(summary)} (goal <= {GOAL_RATIO}x)"
     )
