@@ -15,15 +15,16 @@ Flushing to disk (fsync) guards against a machine crash or power cut, not
 against a killed process, and it holds the training thread for as long as
 the disk needs to write the whole file. So a checkpoint taken while training
 goes on (reason ``save``) is not flushed when it is written: the kernel
-writes it back on its own (within about 30 s on Linux). Before an older
-checkpoint is removed (beyond `keep`, sidecar first), the checkpoint before
-the new one is flushed (by then usually written back already, so that is
-cheap), or the new one itself when ``keep=1``. A checkpoint that ends a run
-(reason ``stop`` or ``interrupt``) is flushed at once. The sidecar records
-the model file's size, so a file that a crash left short or empty is not
-listed. Together: a power cut may lose the ``save`` checkpoints of the last
-half minute, never an older one nor the one a run ended with, and never
-leaves a broken one listed.
+writes it back on its own (within about 30 s on Linux). A save that is
+going to remove the oldest checkpoint (beyond `keep`, sidecar first) first
+flushes the newest one, written a save earlier and by then usually on disk
+already, so that is cheap; with ``keep=1``, the new one is flushed before the
+old one goes. A checkpoint that ends a run (reason ``stop`` or
+``interrupt``) is flushed at once. The sidecar records the model file's
+size, so a file that a crash left short or empty is not listed. Together: a
+power cut may lose the ``save`` checkpoints of the last half minute, never
+an older one nor the one a run ended with, and never leaves a broken one
+listed.
 
 Example:
 
@@ -207,6 +208,7 @@ class CheckpointStore:
         """
         try:
             os.makedirs(self.directory, exist_ok=True)
+            self._flush_previous()
             self._remove_partials()
             sequence = self._next_sequence()
             stem = f"ckpt-{sequence:06d}-epoch{position.epoch:04d}-step{position.step_in_epoch:06d}"
@@ -260,15 +262,26 @@ class CheckpointStore:
         numbers = [int(m[1]) for m in map(_ANY_SEQUENCE.match, os.listdir(self.directory)) if m]
         return max(numbers, default=0) + 1
 
+    def _flush_previous(self) -> None:
+        """Flushes the newest checkpoint if this save is going to prune.
+
+        Done first, before this save changes the folder: a checkpoint written
+        a while ago is then usually on disk already, and on a journaling file
+        system flushing it forces no journal commit (which, on a busy disk,
+        can take seconds).
+        """
+        checkpoints = self.list()
+        if self.keep > 1 and len(checkpoints) >= self.keep:
+            self._flush(checkpoints[-1])
+
     def _prune(self) -> None:
         checkpoints = self.list()
         doomed = checkpoints[: max(0, len(checkpoints) - self.keep)]
-        if doomed:
-            kept = checkpoints[len(doomed):]
-            # Never delete a checkpoint before a newer one is surely on disk:
-            # the one before the newest (written a save ago, so usually
-            # already written back), or the newest itself when keep=1.
-            self._flush(kept[-2] if len(kept) > 1 else kept[-1])
+        kept = checkpoints[len(doomed):]
+        if doomed and not any(c.sequence in self._flushed for c in kept):
+            # Never delete a checkpoint before a newer one is surely on disk
+            # (with keep=1, that is the new one).
+            self._flush(kept[-1])
         for old in doomed:
             old.sidecar.unlink(missing_ok=True)  # uncommit first
             old.path.unlink(missing_ok=True)
