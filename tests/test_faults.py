@@ -504,6 +504,124 @@ def _check_loads(path: Path, source: Path) -> None:
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+# Checkpoints after a crash, and what is flushed when --------------------------
+
+
+class FileOps:
+    """Records, in order, the fsyncs and deletions the store makes (spies that
+    call the real functions), and the `model.save` calls of a wrapped model."""
+
+    def __init__(self, monkeypatch):
+        import jupyter_traincontrol.checkpoint as checkpoint_module
+
+        self.log: list[tuple[str, str]] = []
+        for name in ("_fsync_file", "_fsync_dir"):
+            real = getattr(checkpoint_module, name)
+            monkeypatch.setattr(checkpoint_module, name, self._spy("fsync", real))
+        monkeypatch.setattr(os, "unlink", self._spy("unlink", os.unlink))
+
+    def _spy(self, kind, real):
+        def spy(path, *args, **kwargs):
+            self.log.append((kind, Path(path).name))
+            return real(path, *args, **kwargs)
+
+        return spy
+
+    def model(self, model):
+        ops = self
+
+        class Recorded:
+            def save(self, path):
+                ops.log.append(("model.save", Path(path).name))
+                model.save(path)
+
+        return Recorded()
+
+    def take(self) -> list[tuple[str, str]]:
+        taken, self.log[:] = list(self.log), []
+        return taken
+
+
+def test_saves_flush_nothing_until_one_must_go_then_the_previous_first(tmp_path, make_model, monkeypatch):
+    ops = FileOps(monkeypatch)
+    store = CheckpointStore(tmp_path / "ck", keep=3)
+    model = ops.model(make_model())
+    first = [store.save(model, TrainingPosition(0, step), reason="save") for step in range(3)]
+    assert [kind for kind, _ in ops.take()] == ["model.save"] * 3  # no fsync while nothing is removed
+    fourth = store.save(model, TrainingPosition(0, 3), reason="save")
+    assert ops.take() == [
+        ("fsync", first[2].path.name), ("fsync", first[2].sidecar.name), ("fsync", "ck"),  # before the folder changes
+        ("model.save", "model.keras"),
+        ("unlink", first[0].sidecar.name), ("unlink", first[0].path.name),  # uncommit, then remove
+    ]
+    store.save(model, TrainingPosition(0, 4), reason="save")
+    assert ops.take()[:3] == [("fsync", fourth.path.name), ("fsync", fourth.sidecar.name), ("fsync", "ck")]
+
+
+def test_with_keep_1_the_new_checkpoint_is_flushed_before_the_old_goes(tmp_path, make_model, monkeypatch):
+    ops = FileOps(monkeypatch)
+    store = CheckpointStore(tmp_path / "ck", keep=1)
+    model = ops.model(make_model())
+    old = store.save(model, TrainingPosition(0, 1), reason="save")
+    ops.take()
+    new = store.save(model, TrainingPosition(0, 2), reason="save")
+    assert ops.take() == [
+        ("model.save", "model.keras"),
+        ("fsync", new.path.name), ("fsync", new.sidecar.name), ("fsync", "ck"),
+        ("unlink", old.sidecar.name), ("unlink", old.path.name),
+    ]
+
+
+@pytest.mark.parametrize("reason", ["stop", "interrupt"])
+def test_a_checkpoint_that_ends_a_run_is_flushed_at_once(tmp_path, make_model, monkeypatch, reason):
+    ops = FileOps(monkeypatch)
+    checkpoint = CheckpointStore(tmp_path / "ck").save(ops.model(make_model()), TrainingPosition(0, 1), reason=reason)
+    assert ops.take() == [("model.save", "model.keras"), ("fsync", checkpoint.path.name),
+                          ("fsync", checkpoint.sidecar.name), ("fsync", "ck")]
+
+
+@pytest.mark.parametrize("damage", ["empty", "short", "missing"])
+def test_a_model_file_a_crash_left_short_is_not_a_checkpoint(tmp_path, make_model, damage):
+    """After a power cut, a file the kernel had not written back yet comes back
+    empty or short: its sidecar's size tells, and the previous one is used."""
+    store = CheckpointStore(tmp_path / "ck")
+    model = make_model()
+    first = store.save(model, TrainingPosition(0, 1), reason="save")
+    second = store.save(model, TrainingPosition(0, 2), reason="save")
+    if damage == "missing":
+        second.path.unlink()
+    else:
+        os.truncate(second.path, 0 if damage == "empty" else second.info["size"] // 2)
+    assert store.latest() == first
+    third = store.save(model, TrainingPosition(0, 3), reason="save")
+    assert third.sequence == 3  # the broken one's number is not reused
+    assert sorted(os.listdir(store.directory)) == sorted(
+        [first.path.name, first.sidecar.name, third.path.name, third.sidecar.name]
+    )  # and its remains are cleaned up
+
+
+def test_a_failing_flush_says_the_checkpoint_was_written_and_deletes_nothing(tmp_path, make_model, monkeypatch):
+    """An I/O error while flushing (which cannot be caused for real here, so
+    the fsync is made to fail) keeps every checkpoint and says what happened."""
+    import errno as errno_module
+
+    import jupyter_traincontrol.checkpoint as checkpoint_module
+    from jupyter_traincontrol.checkpoint import CheckpointError
+
+    store = CheckpointStore(tmp_path / "ck", keep=1)
+    model = make_model()
+    old = store.save(model, TrainingPosition(0, 1), reason="save")
+
+    def failing_fsync(path):
+        raise OSError(errno_module.EIO, "Input/output error")
+
+    monkeypatch.setattr(checkpoint_module, "_fsync_file", failing_fsync)
+    with pytest.raises(CheckpointError, match=r"^Wrote ckpt-000002-epoch0000-step000002.keras, but could not flush "
+                                              r"or remove older checkpoints in .*: Input/output error; older checkpoints may remain.$"):
+        store.save(model, TrainingPosition(0, 2), reason="save")
+    assert [c.sequence for c in store.list()] == [old.sequence, 2]
+
+
 # A full disk -----------------------------------------------------------------
 
 
