@@ -208,7 +208,8 @@ class CheckpointStore:
         """
         try:
             os.makedirs(self.directory, exist_ok=True)
-            self._flush_previous()
+            previous = self.list()
+            self._flush_previous(previous)
             self._remove_partials()
             sequence = self._next_sequence()
             stem = f"ckpt-{sequence:06d}-epoch{position.epoch:04d}-step{position.step_in_epoch:06d}"
@@ -239,7 +240,7 @@ class CheckpointStore:
                 os.replace(staged_model, final)
                 os.replace(staged_info, final.with_suffix(".json"))  # the commit
             finally:
-                shutil.rmtree(partial, ignore_errors=True)
+                _remove_staging(partial)
         except OSError as error:
             previous = self.latest()
             kept = f"the previous checkpoint {previous.path.name} is kept" if previous else "there is no earlier checkpoint"
@@ -250,7 +251,7 @@ class CheckpointStore:
         try:
             if reason in _FLUSH_AT_ONCE:
                 self._flush(checkpoint)
-            self._prune()
+            self._prune([*previous, checkpoint])
         except OSError as error:
             raise CheckpointError(
                 f"Wrote {final.name}, but could not flush or remove older checkpoints in "
@@ -262,20 +263,19 @@ class CheckpointStore:
         numbers = [int(m[1]) for m in map(_ANY_SEQUENCE.match, os.listdir(self.directory)) if m]
         return max(numbers, default=0) + 1
 
-    def _flush_previous(self) -> None:
-        """Flushes the newest checkpoint if this save is going to prune.
+    def _flush_previous(self, checkpoints: list[Checkpoint]) -> None:
+        """Flushes the newest of `checkpoints` if this save is going to prune.
 
         Done first, before this save changes the folder: a checkpoint written
         a while ago is then usually on disk already, and on a journaling file
         system flushing it forces no journal commit (which, on a busy disk,
         can take seconds).
         """
-        checkpoints = self.list()
         if self.keep > 1 and len(checkpoints) >= self.keep:
             self._flush(checkpoints[-1])
 
-    def _prune(self) -> None:
-        checkpoints = self.list()
+    def _prune(self, checkpoints: list[Checkpoint]) -> None:
+        """Removes all but the newest `keep` of `checkpoints` (all there are)."""
         doomed = checkpoints[: max(0, len(checkpoints) - self.keep)]
         kept = checkpoints[len(doomed):]
         if doomed and not any(c.sequence in self._flushed for c in kept):
@@ -285,7 +285,7 @@ class CheckpointStore:
         for old in doomed:
             old.sidecar.unlink(missing_ok=True)  # uncommit first
             old.path.unlink(missing_ok=True)
-        self._remove_orphans()
+        self._remove_orphans({c.path.name for c in kept})
 
     def _flush(self, checkpoint: Checkpoint) -> None:
         """Makes `checkpoint` durable: its two files and their names in the folder."""
@@ -296,15 +296,19 @@ class CheckpointStore:
         _fsync_dir(self.directory)
         self._flushed.add(checkpoint.sequence)
 
-    def _remove_orphans(self) -> None:
+    def _remove_orphans(self, committed: set[str]) -> None:
         """Removes model files whose sidecar never landed (a killed save), and
-        sidecars whose model file is missing or short (a crash)."""
-        committed = {c.path.name for c in self.list()}
+        sidecars whose model file is missing or short (a crash).
+
+        Args:
+            committed: Names of the model files of the complete checkpoints.
+        """
         for name in os.listdir(self.directory):
-            if name.startswith("ckpt-") and name.endswith(".keras") and name not in committed:
-                (self.directory / name).unlink(missing_ok=True)
-        for name in os.listdir(self.directory):
-            if _NAME.match(name) and name[: -len(".json")] + ".keras" not in committed:
+            if name.startswith("ckpt-") and name.endswith(".keras"):
+                orphan = name not in committed
+            else:
+                orphan = bool(_NAME.match(name)) and name[: -len(".json")] + ".keras" not in committed
+            if orphan:
                 (self.directory / name).unlink(missing_ok=True)
 
     def _remove_partials(self) -> None:
@@ -350,6 +354,14 @@ def _plain_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
         except (TypeError, ValueError):
             continue  # a non-scalar log entry: not a metric to record
     return plain
+
+
+def _remove_staging(folder: Path) -> None:
+    """Removes a staging folder: empty after a save, so rmdir is enough then."""
+    try:
+        os.rmdir(folder)
+    except OSError:  # not empty: the save failed half-way
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _has_size(path: Path, size: Any) -> bool:
