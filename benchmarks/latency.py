@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     targets = [1.0] if args.quick else [float(v) for v in args.batch_ms.split(",")]
     rng = random.Random(args.seed)
 
-    rows, summary = [], []
+    rows, summary, plain_rows = [], [], []
     with _common.scratch_folder(args.dir, "traincontrol-bench-latency-") as scratch:
         print(f"latency: {args.rounds} fits per batch time, each with pause, save and stop at random moments "
               f"({3 * args.rounds} commands per batch time)")
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
             model, x, y, batch_size = calibrated_model(target, args.seed)
             spread_s = max(0.05, 3 * target / 1e3)
             samples: dict[str, list[dict[str, float]]] = {word: [] for word in COMMANDS}
-            batch_times = []
+            batch_times, plain_saves = [], []
             for index in range(args.rounds):
                 order = ("pause", "save") if index % 2 == 0 else ("save", "pause")
                 folder = scratch / f"ck-{target:g}-{index}"  # fresh: no save has to flush an older checkpoint
@@ -224,9 +224,14 @@ def main(argv=None) -> int:
                 batch_times.append(batch_time)
                 for word, values in result.items():
                     samples[word].append(values)
+                begin = time.perf_counter()  # for comparison: what the disk does to a plain save
+                model.save(scratch / "plain.keras")
+                plain_saves.append((time.perf_counter() - begin) * 1e3)
             batch_ms = _common.median(batch_times) * 1e3
             target_rows, worst = summarize(batch_ms, samples)
             rows += target_rows
+            plain_rows.append([f"{batch_ms:.0f} ms", len(plain_saves), _common.median(plain_saves),
+                               _common.percentile(plain_saves, 95), max(plain_saves)])
             summary.append(f"{batch_ms:.0f} ms batches: acted p95 {worst['acted']:.1f} ms, effect p95 {worst['excess']:.1f} ms")
             del model
     print("\nms, medians unless marked. latency: write to effect; remaining: write to the next batch boundary; "
@@ -237,6 +242,8 @@ def main(argv=None) -> int:
         ["batch", "command", "n", "latency", "remaining", "acted", "acted p95", "acted max", "work",
          "excess", "excess p95", "excess max"], rows
     )
+    print("\nFor comparison: a plain model.save of the same model after each fit (ms)")
+    _common.print_table(["batch", "n", "median", "p95", "max"], plain_rows)
     _common.print_summary(f"latency: {'; '.join(summary)} (beyond the batch in flight; goal <= {GOAL_EXCESS_MS:.0f} ms)")
     return 0
 
