@@ -242,8 +242,8 @@ class CheckpointStore:
             finally:
                 _remove_staging(partial)
         except OSError as error:
-            previous = self.latest()
-            kept = f"the previous checkpoint {previous.path.name} is kept" if previous else "there is no earlier checkpoint"
+            newest = self.latest()
+            kept = f"the previous checkpoint {newest.path.name} is kept" if newest else "there is no earlier checkpoint"
             raise CheckpointError(
                 f"Could not write a checkpoint in {self.directory}: {error.strerror or error}; {kept}."
             ) from error
@@ -285,7 +285,7 @@ class CheckpointStore:
         for old in doomed:
             old.sidecar.unlink(missing_ok=True)  # uncommit first
             old.path.unlink(missing_ok=True)
-        self._remove_orphans({c.path.name for c in kept})
+        self._remove_orphans()
 
     def _flush(self, checkpoint: Checkpoint) -> None:
         """Makes `checkpoint` durable: its two files and their names in the folder."""
@@ -296,13 +296,10 @@ class CheckpointStore:
         _fsync_dir(self.directory)
         self._flushed.add(checkpoint.sequence)
 
-    def _remove_orphans(self, committed: set[str]) -> None:
+    def _remove_orphans(self) -> None:
         """Removes model files whose sidecar never landed (a killed save), and
-        sidecars whose model file is missing or short (a crash).
-
-        Args:
-            committed: Names of the model files of the complete checkpoints.
-        """
+        sidecars whose model file is missing or short (a crash)."""
+        committed = {c.path.name for c in self.list()}  # as now on disk, whoever wrote them
         for name in os.listdir(self.directory):
             if name.startswith("ckpt-") and name.endswith(".keras"):
                 orphan = name not in committed
