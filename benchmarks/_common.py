@@ -34,6 +34,7 @@ __all__ = [
     "REPO",
     "prepare_environment",
     "make_parser",
+    "parse_args",
     "scratch_folder",
     "rotation",
     "alternate",
