@@ -62,32 +62,6 @@ def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
     raise AssertionError(f"Timed out after {timeout} s waiting for {message}")
 
 
-def read_sidecar(keras_path) -> dict:
-    return json.loads(Path(keras_path).with_suffix(".json").read_text())
-
-
-def child_env(runtime_dir: Path | None = None) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS_DIR), env.get("PYTHONPATH", "")])
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    if runtime_dir is not None:
-        env["JUPYTER_RUNTIME_DIR"] = str(runtime_dir)
-    return env
-
-
-def run_python(code: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    """Runs `code` in a fresh Python process; returns the completed process."""
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=child_env(), **kwargs
-    )
-
-
-def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Runs ``jupyter-traincontrol ARGS`` as a user would."""
-    exe = Path(sys.executable).parent / "jupyter-traincontrol"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, env=child_env())
-
-
 def unread_bytes(fifo) -> int:
     """Bytes written to a FIFO that its reader has not read yet.
 
@@ -145,3 +119,30 @@ class EventLog:
         """Waits until `count(kind, message)` reaches `at_least`."""
         wait_until(lambda: self.count(kind, message) >= at_least, timeout=timeout, interval=0.005,
                    message=f"{at_least} {kind} event(s) {message or ''}")
+
+
+def read_sidecar(keras_path) -> dict:
+    return json.loads(Path(keras_path).with_suffix(".json").read_text())
+
+
+def child_env(runtime_dir: Path | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS_DIR), env.get("PYTHONPATH", "")])
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if runtime_dir is not None:
+        env["JUPYTER_RUNTIME_DIR"] = str(runtime_dir)
+    return env
+
+
+def run_python(code: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh Python process; returns the completed process."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=child_env(), **kwargs
+    )
+
+
+def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """Runs ``jupyter-traincontrol ARGS`` as a user would."""
+    exe = Path(sys.executable).parent / "jupyter-traincontrol"
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, env=child_env())
+
