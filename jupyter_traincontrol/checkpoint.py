@@ -5,12 +5,26 @@ A checkpoint is a ``.keras`` file (architecture, weights and optimizer state;
 saying where training was: epoch, global step, step in the epoch, the last
 metrics, why it was taken and when.
 
-Both are written inside a hidden ``.partial-*`` folder, flushed to disk, and
-renamed into place: first the model, then the sidecar. The sidecar is the
-commit mark: a ``.keras`` file without its sidecar is not a checkpoint. So a
-process killed at any moment leaves the previous checkpoint whole, and
-nothing half-written is ever listed. Older checkpoints beyond `keep` are
-removed after each save, sidecar first.
+Both are written inside a hidden ``.partial-*`` folder and renamed into
+place: first the model, then the sidecar. The sidecar is the commit mark: a
+``.keras`` file without its sidecar is not a checkpoint. So a process killed
+at any moment leaves the previous checkpoint whole, and nothing half-written
+is ever listed.
+
+Flushing to disk (fsync) guards against a machine crash or power cut, not
+against a killed process, and it holds the training thread for as long as
+the disk needs to write the whole file. So a checkpoint taken while training
+goes on (reason ``save``) is not flushed when it is written: the kernel
+writes it back on its own (within about 30 s on Linux). A save that is
+going to remove the oldest checkpoint (beyond `keep`, sidecar first) first
+flushes the newest one, written a save earlier and by then usually on disk
+already, so that is cheap; with ``keep=1``, the new one is flushed before the
+old one goes. A checkpoint that ends a run (reason ``stop`` or
+``interrupt``) is flushed at once. The sidecar records the model file's
+size, so a file that a crash left short or empty is not listed. Together: a
+power cut may lose the ``save`` checkpoints of the last half minute, never
+an older one nor the one a run ended with, and never leaves a broken one
+listed.
 
 Example:
 
@@ -28,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -48,6 +63,8 @@ SIDECAR_FORMAT = 1
 _NAME = re.compile(r"^ckpt-(?P<seq>\d{6,})-epoch(?P<epoch>\d+)-step(?P<step>\d+)\.json$")
 _ANY_SEQUENCE = re.compile(r"^ckpt-(\d{6,})-")
 _PARTIAL_PREFIX = ".partial-"
+#: Reasons of checkpoints that end a run: flushed to disk before `save` returns.
+_FLUSH_AT_ONCE = frozenset({"stop", "interrupt"})
 
 
 class CheckpointError(OSError):
@@ -130,6 +147,7 @@ class CheckpointStore:
             raise ValueError(f"keep must be a whole number of at least 1, got {keep!r}.")
         self.directory = Path(directory).absolute()
         self.keep = keep
+        self._flushed: set[int] = set()  # sequences this store flushed to disk
 
     def list(self) -> list[Checkpoint]:
         """Returns the complete checkpoints, oldest first."""
@@ -145,7 +163,7 @@ class CheckpointStore:
             sidecar = self.directory / name
             model_file = sidecar.with_suffix(".keras")
             info = read_json(sidecar)
-            if not isinstance(info, dict) or not model_file.is_file():
+            if not isinstance(info, dict) or not _has_size(model_file, info.get("size")):
                 continue
             info.setdefault("sequence", int(match["seq"]))
             found.append(Checkpoint(path=model_file, info=info))
@@ -167,6 +185,11 @@ class CheckpointStore:
     ) -> Checkpoint:
         """Writes a checkpoint atomically and prunes old ones.
 
+        When this returns, the checkpoint is complete and listed; it is on
+        disk for good (flushed) at once if `reason` ends the run (``stop``,
+        ``interrupt``), otherwise once the kernel has written it back or the
+        next save flushes it (see the module's docstring).
+
         Args:
             model: The Keras model (optimizer state is included).
             position: Where training stands.
@@ -180,9 +203,13 @@ class CheckpointStore:
         Raises:
             CheckpointError: If writing failed (a full disk, say). The
                 previous checkpoints are untouched and nothing partial stays.
+                Also if the checkpoint was written but flushing or removing
+                older ones failed; the message says which.
         """
         try:
             os.makedirs(self.directory, exist_ok=True)
+            previous = self.list()
+            self._flush_previous(previous)
             self._remove_partials()
             sequence = self._next_sequence()
             stem = f"ckpt-{sequence:06d}-epoch{position.epoch:04d}-step{position.step_in_epoch:06d}"
@@ -206,41 +233,79 @@ class CheckpointStore:
             try:
                 staged_model = partial / "model.keras"
                 model.save(staged_model)
-                _fsync_file(staged_model)
+                info["size"] = os.path.getsize(staged_model)
                 staged_info = partial / "info.json"
                 staged_info.write_text(_json_text(info), encoding="utf-8")
-                _fsync_file(staged_info)
                 final = self.directory / f"{stem}.keras"
                 os.replace(staged_model, final)
                 os.replace(staged_info, final.with_suffix(".json"))  # the commit
-                _fsync_dir(self.directory)
             finally:
-                shutil.rmtree(partial, ignore_errors=True)
+                _remove_staging(partial)
         except OSError as error:
-            previous = self.latest()
-            kept = f"the previous checkpoint {previous.path.name} is kept" if previous else "there is no earlier checkpoint"
+            newest = self.latest()
+            kept = f"the previous checkpoint {newest.path.name} is kept" if newest else "there is no earlier checkpoint"
             raise CheckpointError(
                 f"Could not write a checkpoint in {self.directory}: {error.strerror or error}; {kept}."
             ) from error
-        self._prune()
-        return Checkpoint(path=final, info=info)
+        checkpoint = Checkpoint(path=final, info=info)
+        try:
+            if reason in _FLUSH_AT_ONCE:
+                self._flush(checkpoint)
+            self._prune([*previous, checkpoint])
+        except OSError as error:
+            raise CheckpointError(
+                f"Wrote {final.name}, but could not flush or remove older checkpoints in "
+                f"{self.directory}: {error.strerror or error}; older checkpoints may remain."
+            ) from error
+        return checkpoint
 
     def _next_sequence(self) -> int:
         numbers = [int(m[1]) for m in map(_ANY_SEQUENCE.match, os.listdir(self.directory)) if m]
         return max(numbers, default=0) + 1
 
-    def _prune(self) -> None:
-        checkpoints = self.list()
-        for old in checkpoints[: max(0, len(checkpoints) - self.keep)]:
+    def _flush_previous(self, checkpoints: list[Checkpoint]) -> None:
+        """Flushes the newest of `checkpoints` if this save is going to prune.
+
+        Done first, before this save changes the folder: a checkpoint written
+        a while ago is then usually on disk already, and on a journaling file
+        system flushing it forces no journal commit (which, on a busy disk,
+        can take seconds).
+        """
+        if self.keep > 1 and len(checkpoints) >= self.keep:
+            self._flush(checkpoints[-1])
+
+    def _prune(self, checkpoints: list[Checkpoint]) -> None:
+        """Removes all but the newest `keep` of `checkpoints` (all there are)."""
+        doomed = checkpoints[: max(0, len(checkpoints) - self.keep)]
+        kept = checkpoints[len(doomed):]
+        if doomed and not any(c.sequence in self._flushed for c in kept):
+            # Never delete a checkpoint before a newer one is surely on disk
+            # (with keep=1, that is the new one).
+            self._flush(kept[-1])
+        for old in doomed:
             old.sidecar.unlink(missing_ok=True)  # uncommit first
             old.path.unlink(missing_ok=True)
         self._remove_orphans()
 
+    def _flush(self, checkpoint: Checkpoint) -> None:
+        """Makes `checkpoint` durable: its two files and their names in the folder."""
+        if checkpoint.sequence in self._flushed:
+            return
+        _fsync_file(checkpoint.path)
+        _fsync_file(checkpoint.sidecar)
+        _fsync_dir(self.directory)
+        self._flushed.add(checkpoint.sequence)
+
     def _remove_orphans(self) -> None:
-        """Removes model files whose sidecar never landed (a killed save)."""
-        committed = {c.path.name for c in self.list()}
+        """Removes model files whose sidecar never landed (a killed save), and
+        sidecars whose model file is missing or short (a crash)."""
+        committed = {c.path.name for c in self.list()}  # as now on disk, whoever wrote them
         for name in os.listdir(self.directory):
-            if name.startswith("ckpt-") and name.endswith(".keras") and name not in committed:
+            if name.startswith("ckpt-") and name.endswith(".keras"):
+                orphan = name not in committed
+            else:
+                orphan = bool(_NAME.match(name)) and name[: -len(".json")] + ".keras" not in committed
+            if orphan:
                 (self.directory / name).unlink(missing_ok=True)
 
     def _remove_partials(self) -> None:
@@ -286,6 +351,23 @@ def _plain_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
         except (TypeError, ValueError):
             continue  # a non-scalar log entry: not a metric to record
     return plain
+
+
+def _remove_staging(folder: Path) -> None:
+    """Removes a staging folder: empty after a save, so rmdir is enough then."""
+    try:
+        os.rmdir(folder)
+    except OSError:  # not empty: the save failed half-way
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _has_size(path: Path, size: Any) -> bool:
+    """True if `path` is a file of `size` bytes (any size if `size` is None)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
 
 
 def _json_text(info: Mapping[str, Any]) -> str:

@@ -62,6 +62,65 @@ def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
     raise AssertionError(f"Timed out after {timeout} s waiting for {message}")
 
 
+def unread_bytes(fifo) -> int:
+    """Bytes written to a FIFO that its reader has not read yet.
+
+    Opens a write end without blocking (the FIFO must have a reader) and asks
+    the kernel (FIONREAD), so a test can wait until the reader has consumed
+    a partial line before writing the rest.
+    """
+    import fcntl
+    import struct
+    import termios
+
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    finally:
+        os.close(fd)
+
+
+def wait_drained(fifo, timeout=10.0) -> None:
+    """Waits until the reader has read everything written to `fifo`."""
+    wait_until(lambda: unread_bytes(fifo) == 0, timeout=timeout, interval=0.005, message=f"{fifo} to be read")
+
+
+class EventLog:
+    """Every event of a run, kept by a `RunControl` listener (the run's own
+    `events` keeps only the last 50).
+
+    Use: ``log = EventLog(); callback.control.add_listener(log)``.
+    """
+
+    def __init__(self):
+        import threading
+
+        self.events: list[dict] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, control, event) -> None:
+        if event is not None:
+            with self._lock:
+                self.events.append(dict(event))
+
+    def count(self, kind: str, message: str | None = None) -> int:
+        """Events of `kind` (whose message starts with `message`, if given)."""
+        with self._lock:
+            return sum(
+                1 for e in self.events if e["kind"] == kind and (message is None or e["message"].startswith(message))
+            )
+
+    def messages(self, kind: str) -> list[str]:
+        """Messages of the events of `kind`, in order."""
+        with self._lock:
+            return [e["message"] for e in self.events if e["kind"] == kind]
+
+    def wait_count(self, kind: str, message: str | None, at_least: int, timeout: float = 10.0) -> None:
+        """Waits until `count(kind, message)` reaches `at_least`."""
+        wait_until(lambda: self.count(kind, message) >= at_least, timeout=timeout, interval=0.005,
+                   message=f"{at_least} {kind} event(s) {message or ''}")
+
+
 def read_sidecar(keras_path) -> dict:
     return json.loads(Path(keras_path).with_suffix(".json").read_text())
 
@@ -144,3 +203,5 @@ class TrainingProcess:
             list_runs()
         else:
             self.process.communicate()
+
+

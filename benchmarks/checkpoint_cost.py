@@ -1,0 +1,276 @@
+"""How long a `save` command holds the training thread, against a plain `model.save`.
+
+For models whose checkpoint file is about 1 MB, 50 MB and 500 MB (one Dense
+layer trained with Adam, so the file holds the weights and the optimizer's
+two moment tensors), one real `fit` runs with the callbacks
+``[probe, ControlCallback, stopwatch]``. At each measured batch boundary the
+probe either
+
+- ``model.save``: calls ``model.save(path)`` itself and times it, always to
+  the same path, overwritten (what `ModelCheckpoint` with a fixed path
+  does); or
+- ``model.save, new file``: the same to a new file each time, the previous
+  one deleted afterwards, untimed (what ``ModelCheckpoint("ckpt-{epoch}.keras")``
+  does, and like for like with ours, which must write a new file); or
+- ``save command``: writes ``save`` to the run's FIFO, waits until the
+  reader thread has queued it, and starts a clock that the stopwatch stops
+  right after `ControlCallback`'s batch hook, which wrote the checkpoint
+  (atomic staging, flush to disk, sidecar, rename, pruning to keep=3):
+  exactly the time the training thread is held.
+
+The two alternate, round after round, in two spacings: ``written-back``
+(before each measured save, `os.sync` has the kernel write all dirty data,
+untimed, as it does by itself within about 30 s: how saves minutes apart
+find the disk) and ``back-to-back`` (saves a batch apart: the worst case).
+Then `CheckpointStore.save` alone is profiled (cProfile) to show what its
+time is made of.
+
+Usage::
+
+    python benchmarks/checkpoint_cost.py               # 1, 50 and 500 MB, both spacings, 11 rounds
+    python benchmarks/checkpoint_cost.py --sizes 1,50 --spacing back-to-back
+    python benchmarks/checkpoint_cost.py --quick       # 1 MB, written-back, 2 rounds (a smoke run)
+"""
+
+from __future__ import annotations
+
+import cProfile
+import math
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+_common.prepare_environment()
+
+GOAL_RATIO = 1.1
+VARIANTS = ("model.save", "model.save, new file", "save command")
+
+
+def model_with_file_size(megabytes: float, seed: int = 0):
+    """A one-layer model whose `.keras` file (weights + Adam moments) has about `megabytes` MB."""
+    units = max(8, round(math.sqrt(megabytes * 1e6 / (3 * 4))))  # 3 float32 tensors of units^2
+    model = _common.dense_model(units, [], outputs=units, bias=False, seed=seed)
+    _common.train_one_step(model)
+    return model
+
+
+def measure_hold_times(model, folder: Path, rounds: int, written_back: bool) -> dict[str, list[float]]:
+    """Alternates plain saves and save commands inside one real `fit`.
+
+    Args:
+        model: The model to train and save.
+        folder: Scratch folder for this measurement.
+        rounds: Measured rounds (one of each variant per round).
+        written_back: Before each measured save, have the kernel write all
+            dirty data to disk (`os.sync`, not timed), as it does by itself
+            within about 30 s: each save then starts the way it does in a
+            real run whose checkpoints are minutes apart. Otherwise the saves
+            follow each other a batch apart (the worst case).
+
+    Returns:
+        Variant name to the measured seconds, one per round, and
+        ``"model.save in command"``: the part of each held time spent in
+        the `model.save` call that `CheckpointStore.save` makes (timed by
+        wrapping the model's `save`), so that ``held - model.save in
+        command`` is the cost of the protocol itself, free of the noise of
+        `model.save`.
+    """
+    import keras
+    import numpy as np
+
+    from jupyter_traincontrol import ControlCallback
+    from jupyter_traincontrol.channel import send_command
+
+    schedule = _common.rotation(list(VARIANTS), rounds, warmup=1)
+    control = ControlCallback(name="bench-checkpoint", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False, handle_sigint=False)
+    checkpoint_events = []
+    results: dict[str, list[float]] = {name: [] for name in [*VARIANTS, "model.save in command"]}
+    plain_path = folder / "plain" / "model.keras"
+    plain_path.parent.mkdir()
+    started = {}
+    real_save = model.save
+    inner_saves = []
+
+    def timed_save(path):
+        begin = time.perf_counter()
+        real_save(path)
+        inner_saves.append(time.perf_counter() - begin)
+
+    class Probe(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.index = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.index >= len(schedule):
+                return
+            _round, name, warming = schedule[self.index]
+            self.index += 1
+            if written_back:
+                os.sync()
+            if name == "model.save":
+                begin = time.perf_counter()
+                real_save(plain_path)
+                if not warming:
+                    results[name].append(time.perf_counter() - begin)
+            elif name == "model.save, new file":
+                path = plain_path.with_name(f"model-{self.index}.keras")
+                begin = time.perf_counter()
+                real_save(path)
+                if not warming:
+                    results[name].append(time.perf_counter() - begin)
+                for old in plain_path.parent.glob("model-*.keras"):
+                    if old != path:
+                        old.unlink()
+            else:
+                inner_saves.clear()
+                send_command(control.fifo, "save")
+                _common.wait_for(lambda: control.control.channel.pending, 10, "the save command to be queued")
+                started["at"], started["warming"] = time.perf_counter(), warming
+
+    class Stopwatch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if "at" in started:
+                held = time.perf_counter() - started.pop("at")
+                if not started.pop("warming"):
+                    results["save command"].append(held)
+                    results["model.save in command"].append(sum(inner_saves))
+
+    def on_event(_control, event):
+        if event is not None and event["kind"] == "checkpoint":
+            checkpoint_events.append(event)
+
+    control.control.add_listener(on_event)
+    units = model.input_shape[-1]
+    x = np.zeros((len(schedule) + 1, units), "float32")
+    model.save = timed_save  # an instance attribute: shadows the method
+    try:
+        model.fit(x, x, batch_size=1, epochs=1, shuffle=False, verbose=0, callbacks=[Probe(), control, Stopwatch()])
+    finally:
+        del model.save
+    expected = sum(1 for _r, name, _w in schedule if name == "save command")
+    if len(checkpoint_events) != expected or len(results["save command"]) != rounds:
+        raise RuntimeError(f"Expected {expected} checkpoints, the run wrote {len(checkpoint_events)}: {list(control.control.events)}")
+    return results
+
+
+def _cumulative(stats, funcname: str, file_end: str, *, caller: str | None = None) -> float:
+    """Seconds spent in (and below) the functions called `funcname` defined in
+    a file ending in `file_end`; with `caller`, only in calls made directly
+    by functions of that name in ``checkpoint.py``."""
+    total = 0.0
+    for key, (_cc, _nc, _tt, cumulative, callers) in stats.items():
+        if key[2] != funcname or not key[0].endswith(file_end):
+            continue
+        if caller is None:
+            total += cumulative
+        else:
+            total += sum(v[3] for k, v in callers.items() if k[2] == caller and k[0].endswith("checkpoint.py"))
+    return total
+
+
+def split_parts(stats) -> dict[str, float]:
+    """Splits a profiled `CheckpointStore.save` into its parts (seconds)."""
+    ours = "checkpoint.py"
+
+    def in_save(funcname, file_end):
+        return _cumulative(stats, funcname, file_end, caller="save")
+
+    flush = _cumulative(stats, "_flush", ours)
+    parts = {
+        "model.save": _cumulative(stats, "save", os.path.join("keras", "src", "models", "model.py")),
+        "sidecar write": in_save("write_text", "pathlib.py"),
+        "renames": in_save("<built-in method posix.replace>", "~"),
+        "staging folder": in_save("mkdtemp", "tempfile.py") + in_save("rmtree", "shutil.py"),
+        "flush (fsync)": flush,
+        "listing, prune": sum(in_save(name, ours) for name in ("_prune", "_remove_partials", "_next_sequence")) - flush,
+    }
+    total = _cumulative(stats, "save", ours)
+    parts["other"] = total - sum(parts.values())
+    parts["total"] = total
+    return parts
+
+
+def profile_parts(model, folder: Path, rounds: int, written_back: bool) -> dict[str, list[float]]:
+    """Profiles `CheckpointStore.save` and splits its time with `split_parts`.
+
+    Returns:
+        Part name to seconds, one per save.
+    """
+    from jupyter_traincontrol.checkpoint import CheckpointStore, TrainingPosition
+
+    store = CheckpointStore(folder / "profiled", keep=3)
+    parts: dict[str, list[float]] = {}
+    for step in range(store.keep + rounds):  # the first `keep` saves prune nothing
+        if written_back:
+            os.sync()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        store.save(model, TrainingPosition(epoch=0, step_in_epoch=step), reason="save")
+        profiler.disable()
+        if step >= store.keep:
+            for name, seconds in split_parts(pstats.Stats(profiler).stats).items():
+                parts.setdefault(name, []).append(seconds)
+    return parts
+
+
+SPACINGS = {"written-back": True, "back-to-back": False}
+
+
+def main(argv=None) -> int:
+    parser = _common.make_parser(__doc__, rounds=11, quick_rounds=2)
+    parser.add_argument("--sizes", default="1,50,500", help="checkpoint sizes in MB, comma-separated (default 1,50,500)")
+    parser.add_argument("--spacing", choices=[*SPACINGS, "both"], default="both",
+                        help="start each save with everything written back, or save back to back (default both)")
+    args = _common.parse_args(parser, argv)
+    sizes = [1.0] if args.quick else [float(s) for s in args.sizes.split(",")]
+    spacings = ["written-back"] if args.quick else list(SPACINGS) if args.spacing == "both" else [args.spacing]
+
+    summary = []
+    with _common.scratch_folder(args.dir, "traincontrol-bench-ckpt-") as scratch:
+        print(f"checkpoint_cost: {args.rounds} rounds per size and spacing, variants alternating in one fit; in {scratch}")
+        rows, part_rows = [], []
+        for megabytes in sizes:
+            model = model_with_file_size(megabytes, seed=args.seed)
+            for spacing in spacings:
+                folder = scratch / f"{megabytes:g}MB-{spacing}"
+                folder.mkdir()
+                times = measure_hold_times(model, folder, args.rounds, SPACINGS[spacing])
+                file_mb = os.path.getsize(folder / "plain" / "model.keras") / 1e6
+                ratios = _common.paired_ratios(times, "model.save")["save command"]
+                new_file_ratios = _common.paired_ratios(times, "model.save, new file")["save command"]
+                plain, ours = _common.median(times["model.save"]), _common.median(times["save command"])
+                new_file = _common.median(times["model.save, new file"])
+                protocol = _common.median([h - m for h, m in zip(times["save command"], times["model.save in command"])])
+                ratio, new_file_ratio = _common.median(ratios), _common.median(new_file_ratios)
+                rows.append([f"{file_mb:.1f} MB", spacing, plain * 1e3, new_file * 1e3, ours * 1e3,
+                             ratio, new_file_ratio, f"{min(new_file_ratios):.2f}-{max(new_file_ratios):.2f}",
+                             protocol * 1e3, 1 + protocol / plain])
+                summary.append(f"{file_mb:.0f}MB {spacing} {ratio:.2f}x / {new_file_ratio:.2f}x (protocol {1 + protocol / plain:.2f}x)")
+            parts = profile_parts(model, scratch / f"{megabytes:g}MB-{spacings[0]}", max(2, args.rounds // 2),
+                                  SPACINGS[spacings[0]])
+            part_rows.append([f"{file_mb:.1f} MB"] + [_common.median(seconds) * 1e3 for seconds in parts.values()])
+            del model
+        print("\nTraining thread held (ms, medians). Ratios: medians of the per-round ratios of the save command to "
+              "model.save (overwrite) and to model.save (new file), with the range of the latter.\n"
+              "protocol: held time minus the model.save inside it (median); protocol ratio: 1 + protocol / model.save.")
+        _common.print_table(
+            ["file", "spacing", "model.save", "new file", "save command", "ratio", "ratio new", "range new",
+             "protocol", "protocol ratio"], rows
+        )
+        print(f"\nCheckpointStore.save alone, profiled with cProfile ({spacings[0]}; ms, medians; cProfile slows Python code)")
+        _common.print_table(["file", *parts], part_rows)
+    _common.print_summary(
+        "checkpoint_cost: save command / plain model.save (overwrite / new file) = "
+        f"{', '.join(summary)} (goal <= {GOAL_RATIO}x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""What `ControlCallback` costs while nothing is sent: `fit` time against a plain `fit`.
+
+A small MLP whose training step takes about 1 ms (so a per-batch cost shows)
+is trained with `fit` in four ways, alternating round after round:
+
+- ``plain``: no callbacks;
+- ``ControlCallback``: ours (registry record, FIFO and reader thread are
+  opened and closed in every `fit`, so that cost is included);
+- ``naive FIFO``: the common recipe, a callback that opens, reads and closes
+  a FIFO after every batch (nobody writes to it);
+- ``BackupAndRestore``: Keras's own, backing up at every epoch end.
+
+Each `fit` trains the same number of batches; the whole call is measured,
+in wall time and in CPU time of the process (all its threads: TensorFlow's
+and our reader thread). CPU time is much less disturbed by other processes
+on a shared machine. Reported: medians per variant, and the median of the
+per-round ratios to ``plain``.
+
+On a shared machine a few percent of noise remains in those ratios, so the
+cost of ``ControlCallback`` is also measured part by part, each free of that
+noise:
+
+- per batch: inside a real `fit`, its batch hook (and the naive FIFO
+  callback's) is called 20,000 times in a row and timed;
+- per `fit`: opening and closing the run (registry record, FIFO, reader
+  thread, SIGINT handler): fits of 2 batches with and without it, alternated;
+- in the background: the CPU time its reader thread used during the
+  measured fits (from ``/proc/self/task/TID/schedstat``, in nanoseconds).
+
+Their sum, over a plain fit's time, is the estimated overhead.
+
+Usage::
+
+    python benchmarks/overhead.py            # 15 rounds of 5 epochs x 200 batches
+    python benchmarks/overhead.py --quick    # 2 rounds of 1 x 50 batches (a smoke run)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+_common.prepare_environment()
+
+GOAL_RATIO = 1.02
+FEATURES, BATCH_SIZE = 32, 32
+
+
+def naive_fifo_callback(path: Path):
+    """The common recipe: open, read and close a FIFO after every batch."""
+    import keras
+
+    class NaiveFifo(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                data = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            if b"stop" in data:
+                self.model.stop_training = True
+
+    return NaiveFifo()
+
+
+def hook_cost(model, x, y, callbacks: dict, calls: int) -> dict[str, float]:
+    """Seconds per call of each callback's `on_train_batch_end`, inside a real fit.
+
+    Args:
+        callbacks: Name to a callback; each is part of the fit, so it is set
+            up (for `ControlCallback`: registry record, FIFO, reader thread).
+        calls: Calls per callback.
+    """
+    import keras
+
+    costs = {}
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if costs:
+                return
+            for name, callback in callbacks.items():
+                begin = time.perf_counter()
+                for index in range(calls):
+                    callback.on_train_batch_end(index, logs)
+                costs[name] = (time.perf_counter() - begin) / calls
+
+    model.fit(x[:BATCH_SIZE * 2], y[:BATCH_SIZE * 2], batch_size=BATCH_SIZE, epochs=1, verbose=0,
+              callbacks=[*callbacks.values(), Timer()])
+    return costs
+
+
+def fixed_cost(model, x, y, make_callbacks, rounds: int) -> float:
+    """Median extra seconds of a 2-batch fit with the callbacks over one without."""
+
+    def timed(callbacks):
+        def run():
+            chosen = callbacks()
+            begin = time.perf_counter()
+            model.fit(x[:BATCH_SIZE * 2], y[:BATCH_SIZE * 2], batch_size=BATCH_SIZE, epochs=1, verbose=0, callbacks=chosen)
+            return time.perf_counter() - begin
+
+        return run
+
+    times = _common.alternate({"plain": timed(lambda: []), "ours": timed(make_callbacks)}, rounds)
+    return _common.median([ours - plain for ours, plain in zip(times["ours"], times["plain"])])
+
+
+def thread_cpu_seconds(native_id: int) -> float:
+    """CPU time a thread of this process has used (Linux schedstat, ns precision)."""
+    with open(f"/proc/self/task/{native_id}/schedstat") as handle:
+        return int(handle.read().split()[0]) / 1e9
+
+
+class ReaderCpu:
+    """A callback to put *before* `ControlCallback`: at train end (before the
+    control callback closes its channel) it adds up its reader thread's CPU."""
+
+    def __new__(cls, run_name: str):
+        import threading
+
+        import keras
+
+        class _ReaderCpu(keras.callbacks.Callback):
+            total = 0.0
+
+            def on_train_end(self, logs=None):
+                for thread in threading.enumerate():
+                    if thread.name == f"traincontrol-reader-{run_name}" and os.path.exists("/proc/self/task"):
+                        type(self).total += thread_cpu_seconds(thread.native_id)
+
+        return _ReaderCpu()
+
+
+def main(argv=None) -> int:
+    parser = _common.make_parser(__doc__, rounds=15, quick_rounds=2)
+    parser.add_argument("--epochs", type=int, default=5, help="epochs per fit (default 5)")
+    parser.add_argument("--steps", type=int, default=200, help="batches per epoch (default 200)")
+    args = _common.parse_args(parser, argv)
+    epochs, steps = (1, 50) if args.quick else (args.epochs, args.steps)
+
+    import keras
+    import numpy as np
+
+    from jupyter_traincontrol import ControlCallback
+
+    rng = np.random.default_rng(args.seed)
+    x = rng.random((steps * BATCH_SIZE, FEATURES), dtype="float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = _common.dense_model(FEATURES, [16, 16], seed=args.seed)
+
+    with _common.scratch_folder(args.dir, "traincontrol-bench-overhead-") as scratch:
+        reader_cpu = ReaderCpu("bench-overhead")
+        fifo = scratch / "naive-fifo"
+        os.mkfifo(fifo, 0o600)
+        callbacks = {
+            "plain": lambda: [],
+            "ControlCallback": lambda: [reader_cpu, ControlCallback(name="bench-overhead", checkpoint_dir=scratch / "ck", verbose=False)],
+            "naive FIFO": lambda: [naive_fifo_callback(fifo)],
+            "BackupAndRestore": lambda: [keras.callbacks.BackupAndRestore(str(scratch / "backup"))],
+        }
+
+        cpu_times: dict[str, list[float]] = {name: [] for name in callbacks}
+
+        def timed_fit(name):
+            def run():
+                chosen = callbacks[name]()
+                begin, begin_cpu = time.perf_counter(), time.process_time()
+                model.fit(x, y, batch_size=BATCH_SIZE, epochs=epochs, shuffle=False, verbose=0, callbacks=chosen)
+                cpu_times[name].append(time.process_time() - begin_cpu)
+                return time.perf_counter() - begin
+
+            return run
+
+        model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0)  # trace the train function once
+        print(f"overhead: {args.rounds} rounds, each a fit of {epochs} x {steps} batches per variant, alternating")
+        times = _common.alternate({name: timed_fit(name) for name in callbacks}, args.rounds, label="overhead")
+        cpu_times = {name: values[-args.rounds:] for name, values in cpu_times.items()}  # drop the warm-up
+        reader_seconds = type(reader_cpu).total / (args.rounds + 1)  # per fit, warm-up included
+        hooks = hook_cost(model, x, y, {"ControlCallback": callbacks["ControlCallback"]()[1],
+                                        "naive FIFO": callbacks["naive FIFO"]()[0]}, 2000 if args.quick else 20000)
+        per_fit = fixed_cost(model, x, y, lambda: callbacks["ControlCallback"]()[1:], 3 if args.quick else 31)
+
+    batches = epochs * steps
+    ratios, cpu_ratios = _common.paired_ratios(times, "plain"), _common.paired_ratios(cpu_times, "plain")
+    batch_ms = _common.median(times["plain"]) / batches * 1e3
+    rows = []
+    for name, values in times.items():
+        rows.append([
+            name,
+            _common.median(values) * 1e3,
+            _common.median(values) / batches * 1e3,
+            _common.median(ratios[name]),
+            f"{min(ratios[name]):.2f}-{max(ratios[name]):.2f}",
+            _common.median(cpu_times[name]) * 1e3,
+            _common.median(cpu_ratios[name]),
+            f"{min(cpu_ratios[name]):.2f}-{max(cpu_ratios[name]):.2f}",
+        ])
+    print("\nratio: median of the per-round ratios to plain fit (range: min-max of them)")
+    _common.print_table(["variant", "wall ms", "ms/batch", "wall ratio", "range", "CPU ms", "CPU ratio", "range"], rows)
+    print("\nbatch hook alone, called in a live fit (microseconds per batch; share of a plain batch)")
+    _common.print_table(["callback", "us/batch", "share"],
+                        [[name, cost * 1e6, f"{cost * 1e3 / batch_ms:.2%}"] for name, cost in hooks.items()])
+    plain_fit = _common.median(times["plain"])
+    parts = {
+        f"batch hook x {batches}": hooks["ControlCallback"] * batches,
+        "open and close the run": per_fit,
+        "reader thread CPU": reader_seconds,
+    }
+    estimate = 1 + sum(parts.values()) / plain_fit
+    print(f"\nControlCallback, part by part, in a fit of {batches} batches ({plain_fit * 1e3:.0f} ms plain)")
+    _common.print_table(["part", "ms per fit", "share"],
+                        [[name, value * 1e3, f"{value / plain_fit:.2%}"] for name, value in parts.items()]
+                        + [["sum", (estimate - 1) * plain_fit * 1e3, f"{estimate - 1:.2%}"]])
+    wall, cpu = _common.median(ratios["ControlCallback"]), _common.median(cpu_ratios["ControlCallback"])
+    print(f"\ngoal for ControlCallback: <= {GOAL_RATIO}x: part by part {estimate:.3f}x "
+          f"({'met' if estimate <= GOAL_RATIO else 'NOT met'}); whole fits {wall:.3f}x wall, {cpu:.3f}x CPU "
+          f"(noise: per-round ratios of plain to itself would spread as widely as the ranges above)")
+    _common.print_summary(
+        f"overhead: ControlCallback {estimate:.3f}x part by part ({hooks['ControlCallback'] * 1e6:.1f} us/batch, "
+        f"{per_fit * 1e3:.1f} ms/fit, reader {reader_seconds * 1e3:.1f} ms/fit); whole fits (wall, CPU): "
+        + ", ".join(f"{name} {_common.median(ratios[name]):.3f}x {_common.median(cpu_ratios[name]):.3f}x"
+                    for name in callbacks if name != "plain")
+        + f" (goal <= {GOAL_RATIO}x; {batch_ms:.2f} ms/batch)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
