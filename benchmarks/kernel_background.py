@@ -19,6 +19,7 @@ stalls.
 from __future__ import annotations
 
 import argparse
+import shutil
 import json
 import os
 import statistics
@@ -124,6 +125,7 @@ def main() -> None:
                 results[name].append(variants[name](index))
     finally:
         kernel.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"fit of {args.epochs} epochs x 40 batches, {args.repeats} alternating repeats "
           "(median seconds; longest gap between batches and longest garbage-collector pause over all repeats)")
     medians = {}

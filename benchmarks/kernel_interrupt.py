@@ -13,6 +13,7 @@ median, 95th percentile and maximum, and the latency minus the batch time
 from __future__ import annotations
 
 import argparse
+import shutil
 import random
 import statistics
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 from notebook_runner import KernelSession  # noqa: E402
+from _common import percentile  # noqa: E402
 
 SETUP = """
 import time, numpy as np, keras
@@ -38,11 +40,6 @@ class Pace(keras.callbacks.Callback):
 model.fit(x, y, batch_size=32, epochs=1, verbose=0)
 """
 CELL = "%%interruptible_fit --name {name} --checkpoint-dir {folder}\nmodel.fit(x, y, batch_size=32, epochs=1000, callbacks=[Pace({pace})])\n"
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
 def measure(kernel: KernelSession, workdir: Path, name: str, pace: float, rng: random.Random) -> float:
@@ -76,12 +73,13 @@ def main() -> None:
                 latencies[pace].append(measure(kernel, workdir, f"int-{index}-{int(pace * 1000)}", pace, rng))
     finally:
         kernel.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"interrupt_kernel() -> checkpoint sidecar on disk, {repeats} interrupts per batch time (ms)")
     parts = []
     for pace, values in latencies.items():
         batch_ms = pace * 1000 + 1
         ms = [v * 1000 for v in values]
-        print(f"  batch ~{batch_ms:5.0f} ms: median {statistics.median(ms):7.1f}  p95 {percentile(ms, 0.95):7.1f}  max {max(ms):7.1f}"
+        print(f"  batch ~{batch_ms:5.0f} ms: median {statistics.median(ms):7.1f}  p95 {percentile(ms, 95):7.1f}  max {max(ms):7.1f}"
               f"   minus one batch: max {max(ms) - batch_ms:7.1f}")
         parts.append(f"~{batch_ms:.0f} ms batches median {statistics.median(ms):.1f} ms, max-minus-batch {max(ms) - batch_ms:.1f} ms")
     print("SUMMARY kernel_interrupt: " + "; ".join(parts))

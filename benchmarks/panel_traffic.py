@@ -11,6 +11,7 @@ its size. Two batch rates are compared (as fast as possible, and about
 from __future__ import annotations
 
 import argparse
+import shutil
 import json
 import queue
 import sys
@@ -77,6 +78,7 @@ def main() -> None:
             rows[label] = watch(kernel, f"traffic-{pace}", epochs, pace)
     finally:
         kernel.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"{epochs * 100} batches per run; what the front end receives")
     for label, row in rows.items():
         rate = batches / row["duration"]

@@ -26,3 +26,15 @@ def test_benchmark_quick_run_prints_its_summary(script, tmp_path):
     assert "x" in lines[-1] or "ms" in lines[-1]
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("traincontrol-bench-")]
     assert leftovers == []  # the scratch folder (checkpoints, FIFOs, runs) is gone
+
+
+@pytest.mark.parametrize("script", ["kernel_background", "kernel_interrupt", "panel_traffic"])
+def test_kernel_benchmark_quick_run_prints_its_summary(script):
+    """The benchmarks that drive a real kernel (%%interruptible_fit), as smoke runs."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--quick"],
+        capture_output=True, text=True, timeout=240, env=child_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith(f"SUMMARY {script}: "), result.stdout[-2000:]
