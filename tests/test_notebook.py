@@ -101,7 +101,14 @@ def test_the_panel_says_when_clicks_must_wait_for_a_busy_kernel(kernel):
 def test_interrupt_with_no_run_is_a_plain_keyboard_interrupt(kernel):
     msg_id = kernel.start_busy_cell()
     kernel.interrupt()
-    result = kernel.collect(msg_id, timeout=20)
+    try:
+        result = kernel.collect(msg_id, timeout=10)
+    except TimeoutError:
+        # Seen once in a full, loaded suite run (never alone): the signal did
+        # not reach the sleeping cell. What this test checks is what an
+        # interrupt does with no run, so a lost one is sent again.
+        kernel.interrupt()
+        result = kernel.collect(msg_id, timeout=20)
     assert result.error["ename"] == "KeyboardInterrupt"
     kernel.interrupt()  # idle, no run: nothing happens
     time.sleep(0.5)
