@@ -16,7 +16,6 @@ import json
 import queue
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +42,6 @@ def watch(kernel: KernelSession, name: str, epochs: int, pace: float) -> dict:
     kernel.kc.execute(CELL.format(name=name, epochs=epochs, pace=pace))
     messages = 0
     size = 0
-    first = last = None
     ended = False
     while not ended:
         try:
@@ -52,9 +50,6 @@ def watch(kernel: KernelSession, name: str, epochs: int, pace: float) -> dict:
             ended = not kernel.value("jupyter_traincontrol.runs()[-1].active")
             continue
         if msg["msg_type"] == "comm_msg":
-            now = time.monotonic()
-            first = first if first is not None else now
-            last = now
             messages += 1
             size += len(json.dumps(msg["content"]))
     duration = kernel.value("jupyter_traincontrol.runs()[-1].control.ended - jupyter_traincontrol.runs()[-1].control.started")

@@ -116,3 +116,37 @@ def make_model():
     from helpers import build_model
 
     return build_model
+
+
+@pytest.fixture
+def live_run(tmp_path):
+    """A listening run in this process, in the middle of epoch 3 of 20 (no
+    Keras needed to receive commands)."""
+    from jupyter_traincontrol.control import RunControl
+
+    control = RunControl("alpha", tmp_path / "ck").open()
+    control.set_state("running")
+    control.epoch, control.epochs, control.step, control.steps = 3, 20, 7, 50
+    control.metrics = {"loss": 0.213456}
+    control.record_epoch(0, {"loss": 0.5, "val_loss": 0.6})
+    control.publish(force=True)
+    yield control
+    control.close("stopped")
+
+
+@pytest.fixture
+def training():
+    """Starts the example training script (`helpers.TrainingProcess`); kills
+    what still runs at teardown (a failed test)."""
+    from helpers import TrainingProcess
+
+    started = []
+
+    def start(*args, **kwargs):
+        process = TrainingProcess(*args, **kwargs)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()

@@ -14,18 +14,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TrainingProcess, read_sidecar, wait_until
+from helpers import REPO, read_sidecar, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "traincontrol-browser-test"
@@ -150,19 +148,6 @@ def jupyter(tmp_path):
         server.stop()
 
 
-@pytest.fixture
-def training(tmp_path):
-    """Starts the example training script; kills it at teardown if a test failed."""
-    started = []
-
-    def start(*args, **kwargs) -> TrainingProcess:
-        process = TrainingProcess(*args, **kwargs)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.kill()
 
 
 def screenshot(target, name: str) -> Path:

@@ -16,16 +16,6 @@ from jupyter_traincontrol.commands import Command
 from jupyter_traincontrol.control import RunControl
 from jupyter_traincontrol.registry import find_run, list_runs
 
-@pytest.fixture
-def live_run(tmp_path):
-    """A listening run in this process (no Keras needed to receive commands)."""
-    control = RunControl("alpha", tmp_path / "ck").open()
-    control.set_state("running")
-    control.epoch, control.epochs, control.step, control.steps = 3, 20, 7, 50
-    control.metrics = {"loss": 0.213456}
-    control.publish(force=True)
-    yield control
-    control.close("stopped")
 
 
 def run_main(capsys, *argv):

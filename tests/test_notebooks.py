@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import sys
 
 import pytest
 
 from helpers import REPO, child_env
-from kernel_harness import KernelSession  # noqa: F401  (puts examples/ on sys.path)
-from notebook_runner import NotebookRunner
+
+sys.path.insert(0, str(REPO / "examples"))
+from notebook_runner import NotebookRunner  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,7 +16,7 @@ import pytest
 import tornado.httpclient
 from jupyter_server.serverapp import ServerApp
 
-from helpers import TrainingProcess, child_env, read_sidecar, wait_until
+from helpers import child_env, read_sidecar
 from jupyter_traincontrol.cli import main as cli_main
 from jupyter_traincontrol.commands import Command
 from jupyter_traincontrol.control import RunControl
@@ -43,32 +43,8 @@ def api(jp_fetch, jp_serverapp, jp_asyncio_loop):
     ServerApp.clear_instance()
 
 
-@pytest.fixture
-def live_run(tmp_path):
-    """A listening run in this process, in the middle of epoch 3 of 20."""
-    control = RunControl("alpha", tmp_path / "ck").open()
-    control.set_state("running")
-    control.epoch, control.epochs, control.step, control.steps = 3, 20, 7, 50
-    control.metrics = {"loss": 0.213456}
-    control.record_epoch(0, {"loss": 0.5, "val_loss": 0.6})
-    control.publish(force=True)
-    yield control
-    control.close("stopped")
 
 
-@pytest.fixture
-def training(tmp_path):
-    """Starts the example training script; kills it at teardown if a test failed."""
-    started = []
-
-    def start(*args, **kwargs) -> TrainingProcess:
-        process = TrainingProcess(*args, **kwargs)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.kill()
 
 
 async def get_runs(api) -> list[dict]:
