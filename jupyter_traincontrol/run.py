@@ -137,7 +137,6 @@ class TrainingRun(FitInterceptor):
         self._thread: threading.Thread | None = None
         self._last_interrupt = float("-inf")
         self.panel = None  # set by the extension: a ControlPanel or TextReporter
-        self._end_listeners: list[Callable[[TrainingRun], None]] = []
 
     # Public view -----------------------------------------------------------
 
@@ -208,10 +207,6 @@ class TrainingRun(FitInterceptor):
         """Let a paused run go on."""
         return self.send(Command.RESUME)
 
-    def add_end_listener(self, listener: Callable[["TrainingRun"], None]) -> None:
-        """Calls `listener(run)` on the training thread once the run ended."""
-        self._end_listeners.append(listener)
-
     # Lifecycle -------------------------------------------------------------
 
     def start(self) -> "TrainingRun":
@@ -253,11 +248,6 @@ class TrainingRun(FitInterceptor):
             with _runs_lock:
                 if self in _active:
                     _active.remove(self)
-            for listener in list(self._end_listeners):
-                try:
-                    listener(self)
-                except Exception:
-                    self.control.log("error", f"An end listener failed: {traceback.format_exc(limit=2)}")
             self._done.set()
 
     # FitInterceptor ----------------------------------------------------------
