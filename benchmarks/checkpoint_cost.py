@@ -130,7 +130,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool) -> 
             else:
                 inner_saves.clear()
                 send_command(control.fifo, "save")
-                _common.wait_for(lambda: control.control.channel.pending, 10, "the save command to be queued")
+                _common.wait_for(lambda: control.lifecycle.channel.pending, 10, "the save command to be queued")
                 started["at"], started["warming"] = time.perf_counter(), warming
 
     class Stopwatch(keras.callbacks.Callback):
@@ -145,7 +145,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool) -> 
         if event is not None and event["kind"] == "checkpoint":
             checkpoint_events.append(event)
 
-    control.control.add_listener(on_event)
+    control.lifecycle.add_listener(on_event)
     units = model.input_shape[-1]
     x = np.zeros((len(schedule) + 1, units), "float32")
     model.save = timed_save  # an instance attribute: shadows the method
@@ -155,7 +155,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool) -> 
         del model.save
     expected = sum(1 for _r, name, _w in schedule if name == "save command")
     if len(checkpoint_events) != expected or len(results["save command"]) != rounds:
-        raise RuntimeError(f"Expected {expected} checkpoints, the run wrote {len(checkpoint_events)}: {list(control.control.events)}")
+        raise RuntimeError(f"Expected {expected} checkpoints, the run wrote {len(checkpoint_events)}: {list(control.lifecycle.events)}")
     return results
 
 

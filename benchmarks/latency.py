@@ -134,7 +134,7 @@ def run_fit(model, x, y, batch_size, order, rng, spread_s, folder) -> dict[str, 
 
     control = ControlCallback(name="bench-latency", checkpoint_dir=folder, verbose=False, handle_sigint=False)
     recorder = EventRecorder()
-    control.control.add_listener(recorder)
+    control.lifecycle.add_listener(recorder)
     clock = _common.BatchClock()
     times: dict[str, dict[str, float]] = {}
     failure: list[BaseException] = []

@@ -52,7 +52,7 @@ def watch(kernel: KernelSession, name: str, epochs: int, pace: float) -> dict:
         if msg["msg_type"] == "comm_msg":
             messages += 1
             size += len(json.dumps(msg["content"]))
-    duration = kernel.value("jupyter_traincontrol.runs()[-1].control.ended - jupyter_traincontrol.runs()[-1].control.started")
+    duration = kernel.value("jupyter_traincontrol.runs()[-1].lifecycle.ended - jupyter_traincontrol.runs()[-1].lifecycle.started")
     updates = kernel.value("jupyter_traincontrol.runs()[-1].panel.updates")
     return {"duration": duration, "messages": messages, "bytes": size, "updates": updates}
 

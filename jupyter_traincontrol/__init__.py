@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ControlCallback",
-    "RunControl",
+    "RunLifecycle",
     "CheckpointStore",
     "TrainingRun",
     "send",
@@ -29,16 +29,16 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from .callback import ControlCallback
     from .checkpoint import CheckpointStore
-    from .control import RunControl
+    from .lifecycle import RunLifecycle
 
 _LAZY = {
     "ControlCallback": ("callback", "ControlCallback"),
-    "RunControl": ("control", "RunControl"),
+    "RunLifecycle": ("lifecycle", "RunLifecycle"),
     "CheckpointStore": ("checkpoint", "CheckpointStore"),
-    "send": ("cli", "send_to_run"),
+    "send": ("client", "send"),
     "list_runs": ("registry", "list_runs"),
-    "TrainingRun": ("run", "TrainingRun"),
-    "runs": ("run", "all_runs"),
+    "TrainingRun": ("notebook.run", "TrainingRun"),
+    "runs": ("notebook.run", "all_runs"),
 }
 
 
@@ -56,14 +56,14 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def load_ipython_extension(shell) -> None:
     """``%load_ext jupyter_traincontrol``: the magic and kernel-interrupt handling."""
-    from .extension import load
+    from .notebook.extension import load
 
     load(shell)
 
 
 def unload_ipython_extension(shell) -> None:
     """``%unload_ext jupyter_traincontrol``: stop active runs, remove every hook."""
-    from .extension import unload
+    from .notebook.extension import unload
 
     unload(shell)
 

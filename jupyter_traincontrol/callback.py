@@ -29,11 +29,11 @@ from pathlib import Path
 
 import keras
 
-from .checkpoint import Checkpoint, CheckpointError, TrainingPosition, restore_weights
-from .commands import Command
-from .control import RunControl
+from .checkpoint import CheckpointError, TrainingPosition
+from .commands import Command, RunState
 from .interrupt import SigintGuard
-from .resume import BatchSkipper, can_skip_batches
+from .lifecycle import RunLifecycle
+from .resume import Resumption, optimizer_step, resume_from_latest
 
 __all__ = ["ControlCallback"]
 
@@ -45,16 +45,9 @@ class ControlCallback(keras.callbacks.Callback):
 
     At train begin the callback lists the run in the registry and opens its
     command channel (a FIFO); at each batch boundary it applies waiting
-    commands; at train end it records the final state and closes the
-    channel. An instance can be reused for several `fit` calls.
-
-    | command  | at the next batch boundary                         |
-    |----------|----------------------------------------------------|
-    | `save`   | write a checkpoint; training goes on               |
-    | `stop`   | write a checkpoint, then end `fit` gracefully      |
-    | `abort`  | end `fit` gracefully without a checkpoint          |
-    | `pause`  | hold the training thread (`save`/`stop`/`abort` still act) |
-    | `resume` | let a paused run go on                             |
+    commands (see `commands.COMMAND_HELP`); at train end it records the
+    final state and closes the channel. An instance can be reused for
+    several `fit` calls.
 
     Args:
         name: The run's name, unique among live runs: 1-64 letters, digits,
@@ -70,9 +63,9 @@ class ControlCallback(keras.callbacks.Callback):
             Ctrl+C a graceful stop. Defaults to True.
         verbose: Print one line when the run starts, resumes or ends, and
             for every checkpoint. Defaults to True.
-        control: An open `RunControl` to use instead of creating one (used
-            by `%%interruptible_fit`, where one run spans the whole cell).
-            The callback then neither opens nor closes it.
+        lifecycle: An open `RunLifecycle` to use instead of creating one
+            (used by `%%interruptible_fit`, where one run spans the whole
+            cell). The callback then neither opens nor closes it.
         channel_kind: ``"fifo"`` or ``"spool"``. Defaults to ``"fifo"``
             where the platform has FIFOs.
 
@@ -93,59 +86,56 @@ class ControlCallback(keras.callbacks.Callback):
         *,
         handle_sigint: bool = True,
         verbose: bool = True,
-        control: RunControl | None = None,
+        lifecycle: RunLifecycle | None = None,
         channel_kind: str | None = None,
     ):
         super().__init__()
         self.resume = bool(resume)
         self.handle_sigint = handle_sigint
         self.verbose = verbose
-        self._owns_control = control is None
-        self._control = control or RunControl(name, checkpoint_dir, keep, channel_kind=channel_kind)
+        self._owns_lifecycle = lifecycle is None
+        self.lifecycle = lifecycle or RunLifecycle(name, checkpoint_dir, keep, channel_kind=channel_kind)
         self._lock = threading.RLock()
+        self._appliers = {
+            Command.SAVE: lambda: self._checkpoint("save"),
+            Command.STOP: self._stop,
+            Command.ABORT: self._abort,
+            Command.PAUSE: self._hold,
+            Command.RESUME: lambda: self.lifecycle.log("info", "The run is not paused; 'resume' ignored."),
+        }
         self._reset()
 
     # Public view ---------------------------------------------------------
 
     @property
-    def control(self) -> RunControl:
-        """The run's `RunControl` (name, state, record, channel)."""
-        return self._control
-
-    @property
     def name(self) -> str | None:
         """The run's name (known once training has begun, if defaulted)."""
-        return self._control.name
+        return self.lifecycle.name
 
     @property
-    def state(self) -> str:
+    def state(self) -> RunState:
         """The run's state: ``starting`` ... ``stopped``, ``finished``, ..."""
-        return self._control.state
+        return self.lifecycle.state
 
     @property
     def checkpoints(self) -> list[Path]:
         """Paths of the run's complete checkpoints, oldest first."""
-        return [checkpoint.path for checkpoint in self._control.checkpoints()]
+        return [checkpoint.path for checkpoint in self.lifecycle.checkpoints()]
 
     @property
     def fifo(self) -> str | None:
         """Where to write commands while the run listens."""
-        channel = self._control.channel
+        channel = self.lifecycle.channel
         return channel.address if channel is not None else None
 
     @property
-    def stop_requested(self) -> bool:
-        """True if the last (or current) `fit` was ended by `stop`."""
-        return self._stop_requested
-
-    @property
-    def abort_requested(self) -> bool:
-        """True if the last (or current) `fit` was ended by `abort`."""
-        return self._abort_requested
+    def ended_by(self) -> Command | None:
+        """``stop`` or ``abort`` if that command ended the last (or current) `fit`."""
+        return self._ended_by
 
     def send(self, command: str | Command) -> Command:
         """Sends a command to the run (from any thread), like any writer."""
-        return self._control.send(command)
+        return self.lifecycle.send(command)
 
     def note_interrupt(self) -> None:
         """Marks the next stop as caused by an interrupt (its checkpoint's
@@ -158,167 +148,146 @@ class ControlCallback(keras.callbacks.Callback):
         self._channel = None
         self._epoch = 0
         self._step = 0
-        self._stop_requested = False
-        self._abort_requested = False
+        self._mid_epoch = False  # True while applying commands after a training batch
+        self._ended_by: Command | None = None
         self._interrupted = False
         self._stopped_mid_epoch = False
         self._in_fit = False
-        self._skipper: BatchSkipper | None = None
-        self._initial_epoch_to_restore = None
+        self._resumption: Resumption | None = None
         self._sigint: SigintGuard | None = None
-        self._fit_frame = None
-        self._fit_thread_id: int | None = None
+        self._watchdog: _FitWatchdog | None = None
 
     def on_train_begin(self, logs=None):
         with self._lock:
             if self._in_fit:
-                self._finish("failed", "A new fit began before the previous one ended.")
+                self._finish(RunState.FAILED, "A new fit began before the previous one ended.")
             self._reset()
-            control = self._control
-            if self._owns_control:
-                control.open()
-            elif not control.is_open:
-                raise RuntimeError(f"The RunControl given for run {control.name!r} is not open.")
+            lifecycle = self.lifecycle
+            if self._owns_lifecycle:
+                lifecycle.open()
+            elif not lifecycle.is_open:
+                raise RuntimeError(f"The RunLifecycle given for run {lifecycle.name!r} is not open.")
             self._in_fit = True
-            self._channel = control.channel
-            control.epochs = self.params.get("epochs")
-            control.steps = self.params.get("steps")
-            self._fit_thread_id = threading.get_ident()
-            self._fit_frame = _find_fit_frame(self.model)
-            control.add_tick_hook(self._watch_fit)
+            self._channel = lifecycle.channel
+            lifecycle.epochs = self.params.get("epochs")
+            lifecycle.steps = self.params.get("steps")
+            self._watchdog = _FitWatchdog(self.model, self._on_fit_lost)
+            lifecycle.add_tick_hook(self._watchdog.check)
         try:
             if self.resume:
-                self._resume()
+                self._resumption = resume_from_latest(self.model, lifecycle.store)
+                self._epoch = self._resumption.epoch
+                lifecycle.global_step = optimizer_step(self.model)
+                lifecycle.log("info", self._resumption.message)
+                self._say(self._resumption.message)
         except BaseException as error:
-            self._finish("failed", f"Could not resume: {error}")
+            self._finish(RunState.FAILED, f"Could not resume: {error}")
             raise
         if self.handle_sigint:
             self._sigint = SigintGuard(self._on_first_sigint, self._on_second_sigint)
             self._sigint.install()
-        if self._owns_control:
-            control.set_state("running")
-            self._say(f"Run {control.name!r} is listening: `jupyter-traincontrol send {control.name} stop` or `echo stop > {self.fifo}`.")
-        elif control.state == "starting":
-            control.set_state("running")
-        if control.state == "stopping":  # the run was stopped before this fit
+        if lifecycle.state == RunState.STARTING:
+            lifecycle.set_state(RunState.RUNNING)
+        if self._owns_lifecycle:
+            self._say(f"Run {lifecycle.name!r} is listening: `jupyter-traincontrol send {lifecycle.name} stop` or `echo stop > {self.fifo}`.")
+        if lifecycle.state == RunState.STOPPING:  # the run was stopped before this fit
             self.model.stop_training = True
-        elif self._channel.pending:  # sent while no fit ran: act before the first batch
-            self._apply_commands(mid_epoch=False)
+        else:  # commands sent while no fit ran act before the first batch
+            self._apply_pending(mid_epoch=False)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._step = 0
         self._stopped_mid_epoch = False
-        control = self._control
-        control.epoch = epoch + 1
-        control.step = 0
-        control.touch()
-        if self._channel is not None and self._channel.pending:
-            self._apply_commands(mid_epoch=False)
+        lifecycle = self.lifecycle
+        lifecycle.epoch = epoch + 1
+        lifecycle.step = 0
+        lifecycle.touch()
+        self._apply_pending(mid_epoch=False)
 
     def on_train_batch_end(self, batch, logs=None):
         # The hot path: plain assignments and one flag check.
         self._step = batch + 1
-        control = self._control
-        control.step = self._step
-        control.metrics = logs or control.metrics
-        control.touch()
+        lifecycle = self.lifecycle
+        lifecycle.step = self._step
+        lifecycle.metrics = logs or lifecycle.metrics
+        lifecycle.touch()
         if self._channel.pending:
-            self._apply_commands(mid_epoch=True)
+            self._apply_pending(mid_epoch=True)
 
     def on_test_batch_end(self, batch, logs=None):
         # Validation inside fit: commands act now, not only after it.
-        if self._in_fit and self._channel is not None and self._channel.pending:
-            self._apply_commands(mid_epoch=False)
+        if self._in_fit:
+            self._apply_pending(mid_epoch=False)
 
     def on_epoch_end(self, epoch, logs=None):
-        control = self._control
-        if control.steps is None and not self._stopped_mid_epoch:
-            control.steps = self._step  # learned from the first full epoch
-        control.record_epoch(epoch, logs)
+        lifecycle = self.lifecycle
+        if lifecycle.steps is None and not self._stopped_mid_epoch:
+            lifecycle.steps = self._step  # learned from the first full epoch
+        lifecycle.record_epoch(epoch, logs)
         if logs:
-            control.metrics = dict(logs)
-        if self._channel is not None and self._channel.pending:
-            self._apply_commands(mid_epoch=False)
+            lifecycle.metrics = dict(logs)
+        self._apply_pending(mid_epoch=False)
 
     def on_train_end(self, logs=None):
-        if self._abort_requested:
-            final = "aborted"
-        elif self._stop_requested:
-            final = "stopped"
-        else:
-            final = "finished"
+        final = {Command.ABORT: RunState.ABORTED, Command.STOP: RunState.STOPPED}.get(self._ended_by, RunState.FINISHED)
         self._finish(final)
 
     # Commands --------------------------------------------------------------
 
-    def _apply_commands(self, mid_epoch: bool) -> None:
-        while (command := self._channel.pop()) is not None:
-            self._apply(command, mid_epoch)
-
-    def _apply(self, command: Command, mid_epoch: bool) -> None:
-        control = self._control
-        control.log("command", f"{command} received")
-        if command is Command.SAVE:
-            self._checkpoint("save", mid_epoch)
-        elif command is Command.STOP:
-            self._request_stop(mid_epoch)
-        elif command is Command.ABORT:
-            self._request_abort(mid_epoch)
-        elif command is Command.PAUSE:
-            self._hold(mid_epoch)
-        elif command is Command.RESUME:
-            control.log("info", "The run is not paused; 'resume' ignored.")
-
-    def _ending(self) -> bool:
-        return self._stop_requested or self._abort_requested
-
-    def _request_stop(self, mid_epoch: bool) -> None:
-        if self._ending():
-            self._control.log("info", "Already stopping; 'stop' ignored.")
-            return
-        reason = "interrupt" if self._interrupted else "stop"
-        self._checkpoint(reason, mid_epoch)
-        self._stop_requested = True
-        self._end_fit(mid_epoch)
-
-    def _request_abort(self, mid_epoch: bool) -> None:
-        if self._abort_requested:
-            return
-        self._abort_requested = True
-        self._end_fit(mid_epoch)
-
-    def _end_fit(self, mid_epoch: bool) -> None:
-        steps = self._control.steps
-        self._stopped_mid_epoch = self._stopped_mid_epoch or (mid_epoch and (steps is None or self._step < steps))
-        self.model.stop_training = True
-        self._control.set_state("stopping")
-
-    def _hold(self, mid_epoch: bool) -> None:
-        control = self._control
-        control.set_state("paused")
-        self._say(f"Run {control.name!r} paused; send 'resume' to go on.")
+    def _apply_pending(self, mid_epoch: bool) -> None:
         channel = self._channel
+        if channel is None or not channel.pending:
+            return
+        self._mid_epoch = mid_epoch
+        while (command := channel.pop()) is not None:
+            self._apply(command)
+
+    def _apply(self, command: Command) -> None:
+        self.lifecycle.log("command", f"{command} received")
+        self._appliers[command]()
+
+    def _stop(self) -> None:
+        if self._ended_by is not None:
+            self.lifecycle.log("info", "Already stopping; 'stop' ignored.")
+            return
+        self._checkpoint("interrupt" if self._interrupted else "stop")
+        self._end_fit(Command.STOP)
+
+    def _abort(self) -> None:
+        if self._ended_by is not Command.ABORT:
+            self._end_fit(Command.ABORT)
+
+    def _end_fit(self, command: Command) -> None:
+        steps = self.lifecycle.steps
+        self._stopped_mid_epoch = self._stopped_mid_epoch or (self._mid_epoch and (steps is None or self._step < steps))
+        self._ended_by = command
+        self.model.stop_training = True
+        self.lifecycle.set_state(RunState.STOPPING)
+
+    def _hold(self) -> None:
+        """Pauses the training thread here until ``resume``, ``stop`` or ``abort``."""
+        lifecycle, channel = self.lifecycle, self._channel
+        lifecycle.set_state(RunState.PAUSED)
+        self._say(f"Run {lifecycle.name!r} paused; send 'resume' to go on.")
         while True:
-            if not channel.wait(_PAUSE_POLL_SECONDS):
-                continue
-            command = channel.pop()
+            command = channel.get(_PAUSE_POLL_SECONDS)
             if command is None:
                 continue
             if command is Command.RESUME:
-                control.log("command", "resume received")
-                control.set_state("running")
+                lifecycle.log("command", "resume received")
+                lifecycle.set_state(RunState.RUNNING)
                 return
             if command is Command.PAUSE:
-                control.log("info", "Already paused; 'pause' ignored.")
+                lifecycle.log("info", "Already paused; 'pause' ignored.")
                 continue
-            self._apply(command, mid_epoch)
-            if self._ending():
+            self._apply(command)
+            if self._ended_by is not None:
                 return
 
-    def _position(self, mid_epoch: bool) -> TrainingPosition:
-        steps = self._control.steps
-        if mid_epoch:
+    def _position(self) -> TrainingPosition:
+        steps = self.lifecycle.steps
+        if self._mid_epoch:
             complete = steps is not None and self._step >= steps
         else:
             complete = self._step > 0 and not self._stopped_mid_epoch
@@ -326,55 +295,24 @@ class ControlCallback(keras.callbacks.Callback):
             epoch=self._epoch,
             step_in_epoch=self._step,
             steps_per_epoch=steps,
-            global_step=_optimizer_step(self.model),
+            global_step=optimizer_step(self.model),
             epoch_complete=complete,
         )
 
-    def _checkpoint(self, reason: str, mid_epoch: bool) -> Checkpoint | None:
-        control = self._control
-        position = self._position(mid_epoch)
+    def _checkpoint(self, reason: str) -> None:
+        lifecycle = self.lifecycle
+        position = self._position()
         try:
-            checkpoint = control.store.save(
-                self.model, position, reason=reason, metrics=control.metrics, run=control.name
+            checkpoint = lifecycle.store.save(
+                self.model, position, reason=reason, metrics=lifecycle.metrics, run=lifecycle.name
             )
         except CheckpointError as error:
-            control.log("error", str(error))
+            lifecycle.log("error", str(error))
             self._say(str(error), stream=sys.stderr)
-            return None
-        control.global_step = position.global_step
-        control.log("checkpoint", f"{reason}: {checkpoint.path}")
-        self._say(f"Checkpoint ({reason}) written: {checkpoint.path}")
-        return checkpoint
-
-    # Resume ----------------------------------------------------------------
-
-    def _resume(self) -> None:
-        control = self._control
-        latest = control.store.latest()
-        if latest is None:
-            self._say(f"No checkpoint in {control.store.directory} yet: starting from scratch.")
             return
-        restore_weights(self.model, latest)
-        position = latest.position
-        self._initial_epoch_to_restore = (getattr(self.model, "_initial_epoch", None),)
-        self.model._initial_epoch = position.resume_epoch
-        self._epoch = position.resume_epoch
-        skipped = ""
-        if position.resume_step:
-            backend = keras.backend.backend()
-            if can_skip_batches(backend):
-                self._skipper = BatchSkipper(self.model, position.resume_step, latest.info.get("metrics", {}), backend)
-                self._skipper.install()
-                skipped = f", skipping its first {position.resume_step} batches (already trained)"
-            else:
-                skipped = f"; backend {backend!r} repeats its first {position.resume_step} batches"
-        control.global_step = _optimizer_step(self.model)
-        message = (
-            f"Resumed from {latest.path}: epoch {position.resume_epoch + 1}{skipped}; "
-            f"optimizer step {control.global_step}."
-        )
-        control.log("info", message)
-        self._say(message)
+        lifecycle.global_step = position.global_step
+        lifecycle.add_checkpoint(checkpoint)
+        self._say(f"Checkpoint ({reason}) written: {checkpoint.path}")
 
     # Interrupts ------------------------------------------------------------
 
@@ -382,7 +320,7 @@ class ControlCallback(keras.callbacks.Callback):
         # In a signal handler: no printing through sys.stdout (not reentrant).
         self.note_interrupt()
         try:
-            self._control.send(Command.STOP)
+            self.lifecycle.send(Command.STOP)
         except Exception:
             if self._channel is not None:
                 self._channel.inject(Command.STOP)
@@ -390,46 +328,62 @@ class ControlCallback(keras.callbacks.Callback):
                       "Press Ctrl+C again to interrupt at once.\n")
 
     def _on_second_sigint(self) -> None:
-        self._finish("failed", "KeyboardInterrupt: a second Ctrl+C interrupted fit.")
+        self._finish(RunState.FAILED, "KeyboardInterrupt: a second Ctrl+C interrupted fit.")
 
     # End -------------------------------------------------------------------
 
-    def _watch_fit(self) -> None:
-        """Reader-thread check: did fit leave without calling on_train_end?"""
-        target, thread_id = self._fit_frame, self._fit_thread_id
-        if target is None or not self._in_fit:
-            return
-        frame = sys._current_frames().get(thread_id)
-        while frame is not None:
-            if frame is target:
-                return
-            frame = frame.f_back
-        self._finish("failed", "fit raised an exception; on_train_end never ran.")
+    def _on_fit_lost(self) -> None:
+        self._finish(RunState.FAILED, "fit raised an exception; on_train_end never ran.")
 
-    def _finish(self, final_state: str, error: str | None = None) -> None:
+    def _finish(self, final_state: RunState, error: str | None = None) -> None:
         with self._lock:
             if not self._in_fit:
                 return
             self._in_fit = False
-            control = self._control
-            control.remove_tick_hook(self._watch_fit)
-            self._fit_frame = None
-            if self._skipper is not None:
-                self._skipper.uninstall()
-            if self._initial_epoch_to_restore is not None:
-                self.model._initial_epoch = self._initial_epoch_to_restore[0]
+            lifecycle = self.lifecycle
+            if self._watchdog is not None:
+                lifecycle.remove_tick_hook(self._watchdog.check)
+                self._watchdog = None
+            if self._resumption is not None:
+                self._resumption.undo()
             if self._sigint is not None:
                 self._sigint.retire()
-            if self._owns_control:
-                control.close(final_state, error)
-                self._say(f"Run {control.name!r} {final_state}.")
+            if self._owns_lifecycle:
+                lifecycle.close(final_state, error)
+                self._say(f"Run {lifecycle.name!r} {final_state}.")
             elif error is not None:
-                control.log("error", error)
+                lifecycle.log("error", error)
             self._channel = None
 
     def _say(self, message: str, stream=None) -> None:
         if self.verbose:
             print(f"[traincontrol] {message}", file=stream or sys.stdout, flush=True)
+
+
+class _FitWatchdog:
+    """Notices a `fit` that left by an exception (Keras then skips
+    ``on_train_end``): checked from the run's publisher thread.
+
+    Args:
+        model: The model whose `fit` called the callback's first hook.
+        on_lost: Called once the `fit` frame is no longer on its thread's stack.
+    """
+
+    def __init__(self, model, on_lost):
+        self._thread_id = threading.get_ident()
+        self._frame = _find_fit_frame(model)
+        self._on_lost = on_lost
+
+    def check(self) -> None:
+        if self._frame is None:
+            return
+        frame = sys._current_frames().get(self._thread_id)
+        while frame is not None:
+            if frame is self._frame:
+                return
+            frame = frame.f_back
+        self._frame = None
+        self._on_lost()
 
 
 def _find_fit_frame(model):
@@ -442,16 +396,8 @@ def _find_fit_frame(model):
     return None
 
 
-def _optimizer_step(model) -> int | None:
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
-        return None
-    return int(keras.ops.convert_to_numpy(optimizer.iterations))
-
-
 def _write_stderr(text: str) -> None:
     try:
         os.write(2, text.encode("utf-8", "replace"))
     except OSError:
         pass
-

@@ -1,8 +1,8 @@
 """The command channel of a run: a private FIFO, listened to in the background.
 
 Each run has one channel in its private folder. A daemon reader thread
-decodes what arrives and queues whole commands, so the training thread only
-has to check whether the queue is non-empty at each batch boundary: the FIFO
+decodes what arrives and puts whole commands on a queue, so the training
+thread only has to check whether the queue is non-empty at each batch boundary: the FIFO
 is opened once, never per batch, and a command written while no batch runs
 (validation, a pause) is read at once and waits in the queue.
 
@@ -24,9 +24,9 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import errno
 import os
+import queue
 import select
 import stat
 import threading
@@ -54,6 +54,8 @@ FIFO_NAME = "control"
 INBOX_NAME = "inbox"
 _READ_SIZE = 65536
 _SPOOL_POLL_SECONDS = 0.01
+#: How often the reader checks that the channel is still there on disk.
+_HEALTH_CHECK_SECONDS = 0.5
 
 RejectedListener = Callable[[Rejected], None]
 NoticeListener = Callable[[str], None]
@@ -70,16 +72,19 @@ class NotListeningError(ChannelError):
 class CommandChannel:
     """Base of the channel kinds: a queue filled by a daemon reader thread.
 
+    The reader thread only reads: it decodes what arrives, queues whole
+    commands, reports rejected lines, and repairs the channel on disk if
+    something removed or replaced it.
+
     Args:
         folder: The run's private folder; the channel lives inside it.
         on_rejected: Called from the reader thread with each line that is
             not a command. Must not raise.
         on_notice: Called from the reader thread with a sentence about the
             channel itself (for example a FIFO re-created after deletion).
-        on_tick: Called from the reader thread about every `tick_seconds`,
-            for periodic work of the owner. Must not raise.
-        tick_seconds: See `on_tick`.
         name: Used to name the reader thread.
+        health_check_seconds: How often the reader checks that the channel
+            is still there on disk. Defaults to 0.5.
     """
 
     kind = "abstract"
@@ -90,17 +95,14 @@ class CommandChannel:
         *,
         on_rejected: RejectedListener | None = None,
         on_notice: NoticeListener | None = None,
-        on_tick: Callable[[], None] | None = None,
-        tick_seconds: float = 0.5,
         name: str = "run",
+        health_check_seconds: float = _HEALTH_CHECK_SECONDS,
     ):
         self.folder = Path(folder)
+        self._health_check_seconds = health_check_seconds
         self._on_rejected = on_rejected or (lambda rejected: None)
         self._on_notice = on_notice or (lambda text: None)
-        self._on_tick = on_tick or (lambda: None)
-        self._tick_seconds = tick_seconds
-        self._queue: collections.deque[Command] = collections.deque()
-        self._arrived = threading.Event()
+        self._queue: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._thread = threading.Thread(
             target=self._run_reader, name=f"traincontrol-reader-{name}", daemon=True
@@ -114,34 +116,30 @@ class CommandChannel:
     @property
     def pending(self) -> bool:
         """True when a command waits. Cheap enough for every batch."""
-        return bool(self._queue)
+        return not self._queue.empty()
 
     def pop(self) -> Command | None:
         """Takes the oldest waiting command, or returns None."""
         try:
-            command = self._queue.popleft()
-        except IndexError:
+            return self._queue.get_nowait()
+        except queue.Empty:
             return None
-        if not self._queue:
-            self._arrived.clear()
-            if self._queue:  # a command came in between: keep the flag set
-                self._arrived.set()
-        return command
+
+    def get(self, timeout: float | None) -> Command | None:
+        """Takes the oldest command, waiting up to `timeout` seconds for one.
+
+        Returns:
+            The command, or None if none came in time.
+        """
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
 
     def inject(self, command: Command) -> None:
         """Queues a command directly, for an in-process sender whose write
         to the channel failed."""
-        self._queue.append(command)
-        self._arrived.set()
-
-    def wait(self, timeout: float | None) -> bool:
-        """Blocks until a command waits or `timeout` passes.
-
-        Returns:
-            True if a command waits.
-        """
-        self._arrived.wait(timeout)
-        return self.pending
+        self._queue.put(command)
 
     def start(self) -> "CommandChannel":
         """Starts the reader thread. Returns self."""
@@ -166,22 +164,22 @@ class CommandChannel:
                 self._on_rejected(result)
 
     def _run_reader(self) -> None:
-        next_tick = time.monotonic() + self._tick_seconds
+        interval = self._health_check_seconds
+        next_check = time.monotonic() + interval
         last_problem = None
         while not self._closed.is_set():
             try:
-                self._read_some(max(0.0, next_tick - time.monotonic()))
-                if time.monotonic() >= next_tick and not self._closed.is_set():
-                    next_tick = time.monotonic() + self._tick_seconds
+                self._read_some(max(0.0, next_check - time.monotonic()))
+                if time.monotonic() >= next_check and not self._closed.is_set():
+                    next_check = time.monotonic() + interval
                     self._check_health()
-                    self._on_tick()
                 last_problem = None
             except Exception as error:  # the reader must outlive any hiccup
                 problem = f"Command channel problem: {error}"
                 if problem != last_problem:
                     self._on_notice(problem)
                 last_problem = problem
-                self._closed.wait(self._tick_seconds)
+                self._closed.wait(interval)
 
     # Subclass interface.
     def _read_some(self, timeout: float) -> None:

@@ -17,61 +17,15 @@ import time
 from typing import Any, Sequence
 
 from . import __version__
-from .channel import ChannelError, NotListeningError, send_command
-from .commands import COMMAND_NAMES, Command, UnknownCommandError, parse_command
+from .channel import ChannelError, NotListeningError
+from .client import public_record, send, wait_for_effect
+from .commands import COMMAND_HELP, COMMAND_NAMES, UnknownCommandError
 from .private_fs import UnsafePathError
-from .registry import FINAL_STATES, RunNotFoundError, find_run, list_runs
+from .registry import RunNotFoundError, list_runs
 
-__all__ = ["main", "send_to_run", "format_table", "public_record"]
+__all__ = ["main", "format_table"]
 
 EXIT_USAGE, EXIT_NO_RUN, EXIT_NOT_LISTENING, EXIT_NOT_DELIVERED = 2, 3, 4, 5
-
-
-def send_to_run(name: str, command: str | Command) -> Command:
-    """Sends `command` to the listed run called `name`.
-
-    Args:
-        name: The run's name, as `jupyter-traincontrol list` shows it.
-        command: One of ``stop``, ``save``, ``abort``, ``pause``, ``resume``.
-
-    Returns:
-        The command delivered.
-
-    Raises:
-        UnknownCommandError: If `command` is not a command.
-        RunNotFoundError: If no live process lists a run of that name.
-        NotListeningError: If the run has ended or its channel is gone.
-        ChannelError: If the command could not be written.
-    """
-    command = parse_command(command)
-    record = find_run(name)
-    address = record.get("address")
-    if record.get("state") in FINAL_STATES or not address:
-        raise NotListeningError(f"Run {name!r} has ended ({record.get('state')}); it takes no more commands.")
-    try:
-        send_command(address, command)
-    except NotListeningError:
-        raise NotListeningError(f"Run {name!r} is not listening any more (its channel {address} has no reader).") from None
-    return command
-
-
-def _wait_for_effect(name: str, command: Command, since: float, timeout: float) -> str:
-    """Polls the run's record until it shows `command` acted on."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            record = find_run(name)
-        except RunNotFoundError:
-            return "the run is gone"
-        seen = any(
-            event.get("kind") == "command" and event.get("message") == f"{command} received" and event.get("time", 0) >= since
-            for event in record.get("events", [])
-        )
-        state = record.get("state")
-        if state in FINAL_STATES or (seen and state != "stopping"):
-            return f"state {state}"
-        time.sleep(0.1)
-    raise TimeoutError(f"Sent {command!r} to run {name!r}, but saw no effect within {timeout:g} s.")
 
 
 def _age(started: Any, now: float) -> str:
@@ -116,11 +70,6 @@ def format_table(records: Sequence[dict[str, Any]], now: float | None = None) ->
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
 
 
-def public_record(record: dict[str, Any]) -> dict[str, Any]:
-    """A run record as ``list --json`` and the server show it (internal fields dropped)."""
-    return {key: value for key, value in record.items() if key not in ("pid_start",)}
-
-
 def _command_list(args: argparse.Namespace) -> int:
     records = list_runs()
     if args.json:
@@ -135,7 +84,7 @@ def _command_list(args: argparse.Namespace) -> int:
 def _command_send(args: argparse.Namespace) -> int:
     since = time.time()
     try:
-        command = send_to_run(args.name, args.command)
+        command = send(args.name, args.command)
     except UnknownCommandError as error:
         return _fail(str(error), EXIT_USAGE)
     except RunNotFoundError as error:
@@ -148,7 +97,7 @@ def _command_send(args: argparse.Namespace) -> int:
         print(f"Sent {command} to {args.name}.")
         return 0
     try:
-        outcome = _wait_for_effect(args.name, command, since, args.wait)
+        outcome = wait_for_effect(args.name, command, since, args.wait)
     except TimeoutError as error:
         return _fail(str(error), EXIT_NOT_DELIVERED)
     print(f"Sent {command} to {args.name}: {outcome}.")
@@ -183,14 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         "send",
         help="send a command to a run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Send one command to a run; it acts at the run's next batch boundary.\n\n"
-            "  stop    checkpoint, then end fit gracefully\n"
-            "  save    checkpoint; training goes on\n"
-            "  abort   end fit gracefully, without a checkpoint\n"
-            "  pause   hold the training thread (save, stop, abort still act)\n"
-            "  resume  let a paused run go on"
-        ),
+        description="Send one command to a run; it acts at the run's next batch boundary.\n\n"
+        + "\n".join(f"  {command.value:<7} {text}" for command, text in COMMAND_HELP.items()),
         epilog=__doc__.split("\n\n", 2)[2],
     )
     send_parser.add_argument("name", help="the run's name, as `list` shows it")

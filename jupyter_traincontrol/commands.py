@@ -1,4 +1,8 @@
-"""The command vocabulary: what may be said to a training run.
+"""The vocabulary: what may be said to a training run, and the states it is in.
+
+This is the one place that knows the command words, what each one does (the
+help table the CLI, the notebook panel and the REST API show), the run
+states, and which commands make sense in which state.
 
 Commands travel as text lines, UTF-8, one command a line, so that
 ``echo stop > FIFO`` works from any shell. This module is pure: it parses
@@ -21,6 +25,11 @@ import enum
 __all__ = [
     "Command",
     "COMMAND_NAMES",
+    "COMMAND_HELP",
+    "RunState",
+    "ACTIVE_STATES",
+    "FINAL_STATES",
+    "allowed_commands",
     "UnknownCommandError",
     "Rejected",
     "LineDecoder",
@@ -55,6 +64,67 @@ class Command(str, enum.Enum):
 
 
 COMMAND_NAMES = tuple(command.value for command in Command)
+
+#: What each command does, in one line: the help of the CLI, the panel's
+#: tooltips and the REST API's ``GET commands`` (which the side panel shows).
+COMMAND_HELP: dict[Command, str] = {
+    Command.STOP: "write a checkpoint, then end fit gracefully",
+    Command.SAVE: "write a checkpoint; training goes on",
+    Command.ABORT: "end fit gracefully, without a checkpoint",
+    Command.PAUSE: "hold the training thread (save, stop and abort still act)",
+    Command.RESUME: "let a paused run go on",
+}
+
+
+class RunState(str, enum.Enum):
+    """The states of a training run, in lifecycle order."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    """Ended by ``stop`` (or an interrupt), with a checkpoint."""
+    ABORTED = "aborted"
+    """Ended by ``abort``, without a checkpoint."""
+    FINISHED = "finished"
+    """``fit`` ran to its end."""
+    FAILED = "failed"
+    """An exception ended the run; its record holds the traceback."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: States of a run that still trains (or is about to, or is winding down).
+ACTIVE_STATES = frozenset({RunState.STARTING, RunState.RUNNING, RunState.PAUSED, RunState.STOPPING})
+#: States after `fit` has returned or raised.
+FINAL_STATES = frozenset(RunState) - ACTIVE_STATES
+
+_ALLOWED: dict[RunState, tuple[Command, ...]] = {
+    RunState.STARTING: (Command.STOP, Command.ABORT),
+    RunState.RUNNING: (Command.SAVE, Command.STOP, Command.ABORT, Command.PAUSE),
+    RunState.PAUSED: (Command.SAVE, Command.STOP, Command.ABORT, Command.RESUME),
+    RunState.STOPPING: (Command.ABORT,),
+}
+
+
+def allowed_commands(state: str | RunState) -> tuple[Command, ...]:
+    """The commands that make sense for a run in `state` (the buttons a UI
+    enables). A run still takes any command; the others are answered with
+    a note in its log.
+
+    Args:
+        state: A run state (a `RunState` or its value).
+
+    Returns:
+        The commands, in `Command` order; none for an ended run or an
+        unknown state.
+    """
+    try:
+        return _ALLOWED.get(RunState(state), ())
+    except ValueError:
+        return ()
 
 
 class UnknownCommandError(ValueError):

@@ -4,13 +4,17 @@
 
     $(jupyter --runtime-dir)/traincontrol/         0700
         run-1/                                     0700
+            lock        held (flock) by the run's process for its lifetime
             run.json    the run's record (written atomically)
             control     its FIFO (while the run listens)
 
 Any process of the same user reads the records: the CLI, the Jupyter server,
-other kernels. A record stays, with its final state, while its process
-lives; records of dead processes are removed when runs are listed. Names are
-unique among live runs; the name of an ended run may be taken again.
+other kernels. A run is alive while its lock is held: the OS releases it
+when the process ends, however it ends, so "is this run alive" needs no
+look at the process table. A record stays, with its final state, while its
+process lives; the folders of dead runs are removed when runs are listed or
+a new run claims the name. Names are unique among live runs; the name of an
+ended run may be taken again.
 
 This module knows nothing of Keras or IPython, so the CLI and the server
 import it in milliseconds.
@@ -19,6 +23,8 @@ import it in milliseconds.
 from __future__ import annotations
 
 import atexit
+import errno
+import fcntl
 import os
 import re
 import shutil
@@ -28,14 +34,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .commands import ACTIVE_STATES, FINAL_STATES, RunState
 from .private_fs import check_private, ensure_private_dir, read_json, write_json_atomic
-from .processes import process_alive, process_start_ticks
 
 __all__ = [
-    "STATES",
-    "ACTIVE_STATES",
-    "FINAL_STATES",
     "RECORD_NAME",
+    "LOCK_NAME",
     "NameTakenError",
     "RunNotFoundError",
     "RunFolder",
@@ -44,19 +48,13 @@ __all__ = [
     "find_run",
     "validate_name",
     "unique_name",
-    "record_is_live",
+    "folder_is_live",
 ]
 
-#: Every state a run can be in, in lifecycle order.
-STATES = ("starting", "running", "paused", "stopping", "stopped", "aborted", "finished", "failed")
-#: States of a run that still trains (or is about to, or is winding down).
-ACTIVE_STATES = frozenset(STATES[:4])
-#: States after `fit` has returned or raised.
-FINAL_STATES = frozenset(STATES[4:])
-
 RECORD_NAME = "run.json"
+LOCK_NAME = "lock"
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_CLAIM_GRACE_SECONDS = 10.0
+_CLAIM_ATTEMPTS = 5
 
 
 class NameTakenError(ValueError):
@@ -91,16 +89,48 @@ def validate_name(name: str) -> str:
     return name
 
 
-def record_is_live(record: dict[str, Any]) -> bool:
-    """True if the record's process lives (the same process, not a reused pid)."""
-    return process_alive(record.get("pid", -1), record.get("pid_start"))
+def _open_lock(folder: Path, *, create: bool) -> int | None:
+    """Opens a run folder's lock file (never through a symlink), or None if missing."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        return os.open(folder / LOCK_NAME, flags, 0o600)
+    except FileNotFoundError:
+        return None
 
 
-def _is_active(record: dict[str, Any] | None) -> bool:
-    return bool(record) and record.get("state") in ACTIVE_STATES and record_is_live(record)
+def _try_lock(fd: int, mode: int) -> bool:
+    """Takes a flock without waiting; False if another holder has it."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
 
 
-def _remove_folder(folder: Path) -> None:
+def _is_lock_at(folder: Path, fd: int) -> bool:
+    """True if `fd` is still the lock file at `folder` (no one moved it away)."""
+    try:
+        on_disk = os.lstat(folder / LOCK_NAME)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def folder_is_live(folder: Path) -> bool:
+    """True while the process of the run in `folder` holds its lock."""
+    fd = _open_lock(folder, create=False)
+    if fd is None:
+        return False
+    try:
+        return not _try_lock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)  # also drops the shared lock if we took it
+
+
+def _move_away(folder: Path) -> None:
     """Removes a run folder, first renaming it so no reader sees it half-gone."""
     trash = folder.parent / f".removed-{uuid.uuid4().hex}"
     try:
@@ -110,11 +140,24 @@ def _remove_folder(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-class RunFolder:
-    """The private folder of one run, claimed for its name.
+def _remove_if_dead(folder: Path) -> bool:
+    """Removes the folder of a dead run, holding its lock meanwhile so that a
+    run being started there is never removed. Returns True if removed."""
+    fd = _open_lock(folder, create=True)
+    try:
+        if not _try_lock(fd, fcntl.LOCK_EX) or not _is_lock_at(folder, fd):
+            return False
+        _move_away(folder)
+        return True
+    finally:
+        os.close(fd)
 
-    Use `RunFolder.claim`; `release` gives the name back and removes the
-    folder (only if it is still this run's).
+
+class RunFolder:
+    """The private folder of one run, claimed for its name and locked.
+
+    Use `RunFolder.claim`; `release` gives the name back, removes the folder
+    (only if it is still this run's) and lets go of the lock.
 
     Attributes:
         name: The run's name.
@@ -123,10 +166,11 @@ class RunFolder:
             same name.
     """
 
-    def __init__(self, name: str, path: Path, run_id: str):
+    def __init__(self, name: str, path: Path, run_id: str, lock_fd: int):
         self.name = name
         self.path = path
         self.run_id = run_id
+        self._lock_fd = lock_fd
         self._write_lock = threading.Lock()
 
     @property
@@ -136,7 +180,7 @@ class RunFolder:
 
     @classmethod
     def claim(cls, name: str, root: Path | None = None) -> "RunFolder":
-        """Creates the private folder of a new run named `name`.
+        """Creates and locks the private folder of a new run named `name`.
 
         Args:
             name: The run's name; see `validate_name`.
@@ -153,39 +197,34 @@ class RunFolder:
         validate_name(name)
         root = ensure_private_dir(Path(root) if root else registry_root())
         folder = root / name
-        for _attempt in range(3):
+        for _attempt in range(_CLAIM_ATTEMPTS):
             try:
                 os.mkdir(folder, 0o700)
-                break
             except FileExistsError:
                 check_private(folder, os.lstat(folder), kind="dir")
-                record = read_json(folder / RECORD_NAME)
-                if _is_active(record):
-                    raise NameTakenError(
-                        f"A run named {name!r} is already {record['state']} "
-                        f"(pid {record.get('pid')}). Choose another name, or stop that run first."
-                    ) from None
-                if record is None and time.time() - os.lstat(folder).st_mtime < _CLAIM_GRACE_SECONDS:
-                    raise NameTakenError(
-                        f"A run named {name!r} is being started by another process. Choose another name."
-                    ) from None
-                _remove_folder(folder)  # an ended or dead run: the name is free
+            fd = _open_lock(folder, create=True)
+            if fd is None:
+                continue  # removed between mkdir and open: try again
+            if not _try_lock(fd, fcntl.LOCK_EX):
+                os.close(fd)
+                _take_over_ended(folder, name)
+                continue
+            if not _is_lock_at(folder, fd):
+                os.close(fd)  # a lister removed the folder meanwhile
+                continue
+            _clear_leftovers(folder)
+            break
         else:
             raise NameTakenError(f"Could not claim the name {name!r}: other processes keep taking it.")
         os.chmod(folder, 0o700)
-        run_folder = cls(name, folder, uuid.uuid4().hex)
-        run_folder.write_record({"state": "starting"})
+        run_folder = cls(name, folder, uuid.uuid4().hex, fd)
+        run_folder.write_record({"state": RunState.STARTING.value})
         _claimed_in_this_process.add(run_folder)
         return run_folder
 
     def base_record(self) -> dict[str, Any]:
         """The fields every record of this run carries."""
-        return {
-            "name": self.name,
-            "run_id": self.run_id,
-            "pid": os.getpid(),
-            "pid_start": process_start_ticks(os.getpid()),
-        }
+        return {"name": self.name, "run_id": self.run_id, "pid": os.getpid()}
 
     def write_record(self, record: dict[str, Any]) -> None:
         """Replaces the run's record atomically (thread-safe).
@@ -195,19 +234,57 @@ class RunFolder:
         """
         full = {**record, **self.base_record(), "updated": time.time()}
         with self._write_lock:
-            if self.path.is_dir():
+            if self._lock_fd >= 0 and self.path.is_dir():
                 write_json_atomic(self.record_path, full)
 
     def owns_folder(self) -> bool:
         """True while the folder on disk still belongs to this run."""
         record = read_json(self.record_path)
-        return bool(record) and record.get("run_id") == self.run_id
+        return isinstance(record, dict) and record.get("run_id") == self.run_id
 
     def release(self) -> None:
-        """Removes the run's folder if it is still this run's. Idempotent."""
+        """Removes the run's folder if it is still this run's, and unlocks.
+        Idempotent."""
         _claimed_in_this_process.discard(self)
-        if self.owns_folder():
-            _remove_folder(self.path)
+        with self._write_lock:
+            if self._lock_fd < 0:
+                return
+            if self.owns_folder():
+                _move_away(self.path)
+            os.close(self._lock_fd)  # the lock goes with the descriptor
+            self._lock_fd = -1
+
+
+def _take_over_ended(folder: Path, name: str) -> None:
+    """The lock of `folder` is held: free the name if its run has ended.
+
+    Raises:
+        NameTakenError: If the holder's run is still active (or starting).
+    """
+    record = read_json(folder / RECORD_NAME)
+    state = record.get("state") if isinstance(record, dict) else None
+    if state not in FINAL_STATES:
+        pid = record.get("pid") if isinstance(record, dict) else None
+        shown = state if isinstance(state, str) and state in ACTIVE_STATES else "starting"
+        raise NameTakenError(
+            f"A run named {name!r} is already {shown} (pid {pid}). Choose another name, or stop that run first."
+        )
+    for claimed in list(_claimed_in_this_process):
+        if claimed.path == folder and claimed.owns_folder():
+            claimed.release()  # an ended run of this process: let go of it now
+            return
+    _move_away(folder)  # an ended run of another process: its lock goes with the folder
+
+
+def _clear_leftovers(folder: Path) -> None:
+    """Removes what a dead run left in a folder now ours (record, FIFO, inbox)."""
+    for entry in os.scandir(folder):
+        if entry.name == LOCK_NAME:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.unlink(entry.path)
 
 
 _claimed_in_this_process: set[RunFolder] = set()
@@ -241,25 +318,15 @@ def list_runs(root: Path | None = None, *, clean: bool = True) -> list[dict[str,
         if name.startswith("."):
             continue
         folder = root / name
+        live = folder_is_live(folder)
+        if not live and clean and _remove_if_dead(folder):
+            continue
         record = read_json(folder / RECORD_NAME)
         if not isinstance(record, dict):
-            if clean and _stale_without_record(folder):
-                _remove_folder(folder)
-            continue
-        live = record_is_live(record)
-        if not live and clean:
-            _remove_folder(folder)
             continue
         record["live"] = live
         records.append(record)
     return sorted(records, key=lambda record: record.get("started") or 0)
-
-
-def _stale_without_record(folder: Path) -> bool:
-    try:
-        return time.time() - os.lstat(folder).st_mtime > _CLAIM_GRACE_SECONDS
-    except FileNotFoundError:
-        return False
 
 
 def find_run(name: str, root: Path | None = None) -> dict[str, Any]:

@@ -1,4 +1,10 @@
-"""Continuing an epoch in the middle: skip the batches already trained.
+"""Resuming a run from its latest checkpoint, in the epoch and at the batch it left.
+
+`resume_from_latest` loads the newest checkpoint of a store into the model
+(weights and optimizer state), makes `fit` start at the checkpoint's epoch,
+and, for a checkpoint taken in the middle of an epoch, skips the batches
+already trained. What it changes in the model is undone by
+`Resumption.undo` when `fit` ends.
 
 Keras restarts every epoch at its first batch. After a resume from a
 checkpoint taken in the middle of epoch E at batch K, `BatchSkipper` makes
@@ -14,7 +20,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-__all__ = ["BatchSkipper", "can_skip_batches"]
+from .checkpoint import CheckpointStore, restore_weights
+
+__all__ = ["BatchSkipper", "Resumption", "can_skip_batches", "optimizer_step", "resume_from_latest"]
 
 _SUPPORTED_BACKENDS = ("tensorflow", "torch", "jax")
 
@@ -87,3 +95,84 @@ def _draw(iterator, count: int) -> None:
             get_next()
         else:
             next(iterator)
+
+
+def optimizer_step(model) -> int | None:
+    """The optimizer's step count (``optimizer.iterations``), or None without one."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    import keras
+
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+class Resumption:
+    """What a resume changed in a model, and the sentence that tells it.
+
+    Attributes:
+        epoch: The zero-based epoch `fit` continues in.
+        message: One line for the run's log (where it resumed, or that
+            there was nothing to resume from).
+        resumed: True if a checkpoint was loaded.
+    """
+
+    def __init__(self, model, *, epoch: int = 0, message: str, resumed: bool):
+        self._model = model
+        self.epoch = epoch
+        self.message = message
+        self.resumed = resumed
+        self._saved_initial_epoch: tuple[Any] | None = None
+        self._skipper: BatchSkipper | None = None
+
+    def undo(self) -> None:
+        """Puts back the model's train function and initial epoch. Idempotent."""
+        if self._skipper is not None:
+            self._skipper.uninstall()
+            self._skipper = None
+        if self._saved_initial_epoch is not None:
+            self._model._initial_epoch = self._saved_initial_epoch[0]
+            self._saved_initial_epoch = None
+
+
+def resume_from_latest(model, store: CheckpointStore) -> Resumption:
+    """Loads the newest checkpoint of `store` into `model` and positions `fit`.
+
+    Call it from ``on_train_begin``. Keras reads the private
+    ``model._initial_epoch`` to know where to start (as `BackupAndRestore`
+    does); the returned `Resumption` puts the old value back.
+
+    Args:
+        model: The model being trained, built and compiled.
+        store: The run's checkpoints.
+
+    Returns:
+        The `Resumption` (with nothing changed if there is no checkpoint).
+
+    Raises:
+        CheckpointError: If the checkpoint cannot be loaded into the model.
+    """
+    latest = store.latest()
+    if latest is None:
+        return Resumption(model, message=f"No checkpoint in {store.directory} yet: starting from scratch.", resumed=False)
+    restore_weights(model, latest)
+    position = latest.position
+    resumption = Resumption(model, epoch=position.resume_epoch, message="", resumed=True)
+    resumption._saved_initial_epoch = (getattr(model, "_initial_epoch", None),)
+    model._initial_epoch = position.resume_epoch
+    skipped = ""
+    if position.resume_step:
+        import keras
+
+        backend = keras.backend.backend()
+        if can_skip_batches(backend):
+            resumption._skipper = BatchSkipper(model, position.resume_step, latest.info.get("metrics", {}), backend)
+            resumption._skipper.install()
+            skipped = f", skipping its first {position.resume_step} batches (already trained)"
+        else:
+            skipped = f"; backend {backend!r} repeats its first {position.resume_step} batches"
+    resumption.message = (
+        f"Resumed from {latest.path}: epoch {position.resume_epoch + 1}{skipped}; "
+        f"optimizer step {optimizer_step(model)}."
+    )
+    return resumption

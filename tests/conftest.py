@@ -69,7 +69,8 @@ def no_leaks(runtime_dir, request):
     if _fifos_under(runtime_dir):
         problems.append(f"FIFOs left: {_fifos_under(runtime_dir)}")
     from jupyter_traincontrol.private_fs import UnsafePathError
-    from jupyter_traincontrol.registry import ACTIVE_STATES, list_runs
+    from jupyter_traincontrol.commands import ACTIVE_STATES
+    from jupyter_traincontrol.registry import list_runs
 
     try:
         records = list_runs(runtime_dir)
@@ -122,9 +123,9 @@ def make_model():
 def live_run(tmp_path):
     """A listening run in this process, in the middle of epoch 3 of 20 (no
     Keras needed to receive commands)."""
-    from jupyter_traincontrol.control import RunControl
+    from jupyter_traincontrol.lifecycle import RunLifecycle
 
-    control = RunControl("alpha", tmp_path / "ck").open()
+    control = RunLifecycle("alpha", tmp_path / "ck").open()
     control.set_state("running")
     control.epoch, control.epochs, control.step, control.steps = 3, 20, 7, 50
     control.metrics = {"loss": 0.213456}

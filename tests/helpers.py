@@ -86,10 +86,10 @@ def wait_drained(fifo, timeout=10.0) -> None:
 
 
 class EventLog:
-    """Every event of a run, kept by a `RunControl` listener (the run's own
+    """Every event of a run, kept by a `RunLifecycle` listener (the run's own
     `events` keeps only the last 50).
 
-    Use: ``log = EventLog(); callback.control.add_listener(log)``.
+    Use: ``log = EventLog(); callback.lifecycle.add_listener(log)``.
     """
 
     def __init__(self):

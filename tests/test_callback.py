@@ -23,7 +23,7 @@ BATCH = 8  # 64 samples: 8 batches an epoch
 def send_and_wait_queued(callback, command):
     """Writes `command` to the run's FIFO and waits until the reader queued it."""
     send_command(callback.fifo, command)
-    wait_until(lambda: callback.control.channel is None or callback.control.channel.pending, message=f"{command} queued")
+    wait_until(lambda: callback.lifecycle.channel is None or callback.lifecycle.channel.pending, message=f"{command} queued")
 
 
 def fit(model, data, *callbacks, epochs=EPOCHS, **kwargs):
@@ -108,7 +108,7 @@ def test_pause_holds_the_training_thread_and_commands_still_act(make_model, tiny
     assert not errors, errors[0]
     assert history.epoch == list(range(EPOCHS))
     assert control.state == "finished"
-    assert [e["message"] for e in control.control.events if e["kind"] == "state"][:3] == ["running", "paused", "running"]
+    assert [e["message"] for e in control.lifecycle.events if e["kind"] == "state"][:3] == ["running", "paused", "running"]
 
 
 def test_stop_while_paused(make_model, tiny_data, ckpt):
@@ -162,7 +162,7 @@ def test_first_sigint_stops_gracefully_and_the_handler_is_restored(make_model, t
 
     def interrupt(cb):
         os.kill(os.getpid(), signal.SIGINT)
-        wait_until(lambda: control.control.channel.pending, message="stop queued")
+        wait_until(lambda: control.lifecycle.channel.pending, message="stop queued")
 
     history = fit(model, tiny_data, control, At(1, 1, interrupt))
     assert history.epoch == [0, 1]
@@ -183,7 +183,7 @@ def test_second_sigint_raises_keyboard_interrupt_and_cleans_up(make_model, tiny_
     with pytest.raises(KeyboardInterrupt):
         fit(model, tiny_data, control, At(1, 1, interrupt_twice))
     assert control.state == "failed"
-    assert "second Ctrl+C" in control.control.error
+    assert "second Ctrl+C" in control.lifecycle.error
     assert signal.getsignal(signal.SIGINT) is before
 
 
@@ -226,12 +226,12 @@ def test_garbage_on_the_fifo_is_logged_and_the_run_stays_controllable(make_model
         fd = os.open(control.fifo, os.O_WRONLY)
         os.write(fd, b"\x00\xff garbage\nfrobnicate\n")
         os.close(fd)
-        wait_until(lambda: any(e["kind"] == "rejected" for e in control.control.events), message="rejections")
+        wait_until(lambda: any(e["kind"] == "rejected" for e in control.lifecycle.events), message="rejections")
         send_and_wait_queued(control, "stop")
 
     fit(model, tiny_data, control, At(0, 3, spray))
     assert control.state == "stopped"
-    rejected = [e["message"] for e in control.control.events if e["kind"] == "rejected"]
+    rejected = [e["message"] for e in control.lifecycle.events if e["kind"] == "rejected"]
     assert len(rejected) == 2 and "frobnicate" in rejected[1]
 
 
@@ -248,7 +248,7 @@ def test_the_record_shows_live_progress(make_model, tiny_data, ckpt):
 
     def pause_later(cb):
         threading.Thread(target=look, args=(cb,)).start()
-        wait_until(lambda: control.control.channel.pending, message="pause queued")
+        wait_until(lambda: control.lifecycle.channel.pending, message="pause queued")
 
     fit(model, tiny_data, control, At(2, 4, pause_later))
     assert (seen["epoch"], seen["epochs"], seen["steps"]) == (3, EPOCHS, 8)

@@ -33,7 +33,7 @@ def folder(tmp_path):
 def channel(request, folder):
     rejected = []
     notices = []
-    ch = open_channel(folder, request.param, on_rejected=rejected.append, on_notice=notices.append, name="test", tick_seconds=0.05)
+    ch = open_channel(folder, request.param, on_rejected=rejected.append, on_notice=notices.append, name="test", health_check_seconds=0.05)
     ch.rejected, ch.notices = rejected, notices
     yield ch
     ch.close()
@@ -43,8 +43,8 @@ def drain(channel, count, timeout=10):
     got = []
     deadline = time.monotonic() + timeout
     while len(got) < count and time.monotonic() < deadline:
-        channel.wait(0.05)
-        while (command := channel.pop()) is not None:
+        command = channel.get(0.05)
+        if command is not None:
             got.append(command)
     return got
 
@@ -65,14 +65,14 @@ def test_commands_arrive_in_order(channel):
     assert drain(channel, 4) == [Command.SAVE, Command.PAUSE, Command.RESUME, Command.STOP]
 
 
-def test_pending_is_a_flag_and_wait_wakes_at_once(channel):
+def test_pending_is_a_flag_and_get_wakes_at_once(channel):
     assert not channel.pending
+    assert channel.pop() is None
     threading.Timer(0.1, send_command, (channel.address, "stop")).start()
     started = time.monotonic()
-    assert channel.wait(5)
+    assert channel.get(5) is Command.STOP
     assert time.monotonic() - started < 2
-    assert channel.pending
-    assert channel.pop() is Command.STOP
+    assert not channel.pending
     assert not channel.pending
 
 

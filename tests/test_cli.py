@@ -12,8 +12,8 @@ import pytest
 
 from helpers import TrainingProcess, child_env, cli, read_sidecar, wait_until
 from jupyter_traincontrol.cli import main
-from jupyter_traincontrol.commands import Command
-from jupyter_traincontrol.control import RunControl
+from jupyter_traincontrol.commands import COMMAND_HELP, Command
+from jupyter_traincontrol.lifecycle import RunLifecycle
 from jupyter_traincontrol.registry import find_run, list_runs
 
 
@@ -49,7 +49,7 @@ def test_list_with_no_runs(capsys):
 def test_send_delivers_through_the_fifo(live_run, capsys):
     code, out, err = run_main(capsys, "send", "alpha", "save")
     assert (code, out, err) == (0, "Sent save to alpha.\n", "")
-    assert live_run.channel.wait(5) and live_run.channel.pop() is Command.SAVE
+    assert live_run.channel.get(5) is Command.SAVE
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_send_errors_are_one_line_with_distinct_exit_codes(live_run, capsys, arg
 
 
 def test_send_to_an_ended_run_says_it_no_longer_listens(tmp_path, capsys):
-    control = RunControl("done", tmp_path / "ck").open()
+    control = RunLifecycle("done", tmp_path / "ck").open()
     control.close("finished")
     code, _, err = run_main(capsys, "send", "done", "stop")
     assert code == 4
@@ -89,7 +89,9 @@ def test_help_on_each_verb():
         result = cli(*argv)
         assert result.returncode == 0, result.stderr
         assert "usage: jupyter-traincontrol" in result.stdout
-    assert "stop    checkpoint, then end fit gracefully" in cli("send", "--help").stdout
+    help_text = cli("send", "--help").stdout
+    for command, text in COMMAND_HELP.items():  # the vocabulary's one help table
+        assert f"{command.value:<7} {text}" in help_text
 
 
 def test_jupyter_traincontrol_subcommand_works():

@@ -40,7 +40,8 @@ from jupyter_traincontrol.channel import NotListeningError, send_command
 from jupyter_traincontrol.checkpoint import CheckpointStore, TrainingPosition
 from jupyter_traincontrol.commands import Command, LineDecoder
 from jupyter_traincontrol.private_fs import UnsafePathError
-from jupyter_traincontrol.registry import ACTIVE_STATES, RunFolder, list_runs
+from jupyter_traincontrol.commands import ACTIVE_STATES
+from jupyter_traincontrol.registry import RunFolder, list_runs
 
 BATCH = 8  # tiny_data has 64 samples: 8 batches an epoch
 
@@ -65,8 +66,8 @@ def drive_fit(model, data, control, script, *, epochs=100_000):
             script(control)
         except BaseException as error:  # re-raised on the test's thread
             errors.append(error)
-            if control.control.channel is not None:
-                control.control.channel.inject(Command.ABORT)
+            if control.lifecycle.channel is not None:
+                control.lifecycle.channel.inject(Command.ABORT)
 
     def start(_callback):
         threading.Thread(target=guarded, name="test-driver", daemon=True).start()
@@ -83,7 +84,7 @@ def drive_fit(model, data, control, script, *, epochs=100_000):
 def controlled(name, tmp_path, log: EventLog | None = None, **kwargs) -> ControlCallback:
     callback = ControlCallback(name=name, checkpoint_dir=tmp_path / "ck", verbose=False, **kwargs)
     if log is not None:
-        callback.control.add_listener(log)
+        callback.lifecycle.add_listener(log)
     return callback
 
 
@@ -665,7 +666,7 @@ def _fill(folder: Path) -> None:
 def test_a_full_disk_fails_the_save_clearly_and_training_goes_on_then_stops(make_model, tiny_data, small_disk, tmp_path):
     log = EventLog()
     control = ControlCallback(name="fulldisk", checkpoint_dir=small_disk / "ck", verbose=False)
-    control.control.add_listener(log)
+    control.lifecycle.add_listener(log)
     steps_after_failure = []
 
     def script(callback):
@@ -674,8 +675,8 @@ def test_a_full_disk_fails_the_save_clearly_and_training_goes_on_then_stops(make
         _fill(small_disk)
         send_command(callback.fifo, "save")
         log.wait_count("error", None, 1)
-        started = callback.control.step + 8 * callback.control.epoch
-        wait_until(lambda: callback.control.step + 8 * callback.control.epoch > started + 10, message="training to go on")
+        started = callback.lifecycle.step + 8 * callback.lifecycle.epoch
+        wait_until(lambda: callback.lifecycle.step + 8 * callback.lifecycle.epoch > started + 10, message="training to go on")
         steps_after_failure.append(True)
         assert callback.state == "running"
         send_command(callback.fifo, "stop")
@@ -685,7 +686,7 @@ def test_a_full_disk_fails_the_save_clearly_and_training_goes_on_then_stops(make
     assert control.state == "stopped"  # as the command asked, though its checkpoint failed too
     errors = log.messages("error")
     assert len(errors) == 2
-    (first,) = control.control.store.list()
+    (first,) = control.lifecycle.store.list()
     for error in errors:
         assert error.startswith(f"Could not write a checkpoint in {small_disk / 'ck'}: No space left on device; ")
         assert error.endswith(f"the previous checkpoint {first.path.name} is kept.")
@@ -707,14 +708,14 @@ from jupyter_traincontrol.commands import Command
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death, as for a full disk
 log = EventLog()
 control = ControlCallback(name="fsize", checkpoint_dir=sys.argv[1], verbose=False)
-control.control.add_listener(log)
+control.lifecycle.add_listener(log)
 trained_after = []
 
 def script():
     try:
         steps()
     except BaseException:
-        control.control.channel.inject(Command.ABORT)
+        control.lifecycle.channel.inject(Command.ABORT)
         raise
 
 def steps():
@@ -724,8 +725,8 @@ def steps():
     resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, resource.RLIM_INFINITY))
     send_command(control.fifo, "save")
     log.wait_count("error", None, 1)
-    started = control.control.step + 8 * control.control.epoch
-    wait_until(lambda: control.control.step + 8 * control.control.epoch > started + 10)
+    started = control.lifecycle.step + 8 * control.lifecycle.epoch
+    wait_until(lambda: control.lifecycle.step + 8 * control.lifecycle.epoch > started + 10)
     trained_after.append(control.state)
     send_command(control.fifo, "stop")
 
@@ -937,7 +938,7 @@ def test_twenty_runs_in_one_process_leave_nothing_behind(make_model, tiny_data, 
         def act(cb, word=word, callback=callback):
             if word:
                 send_command(callback.fifo, word)
-                wait_until(lambda: callback.control.channel.pending, message=f"{word} queued")
+                wait_until(lambda: callback.lifecycle.channel.pending, message=f"{word} queued")
             if word == "pause":
                 threading.Timer(0.05, send_command, (callback.fifo, "resume")).start()
 

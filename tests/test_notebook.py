@@ -35,7 +35,7 @@ def kernel(tmp_path, runtime_dir):
 def start_fit(kernel, name, epochs=200, sleep=0.01, options=""):
     result = kernel.execute(FIT_CELL.format(name=name, options=options, epochs=epochs, sleep=sleep))
     assert result.status == "ok", result.error
-    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.control.step > 0", timeout=60)
+    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.lifecycle.step > 0", timeout=60)
     return result
 
 
@@ -47,7 +47,7 @@ def test_the_cell_returns_at_once_with_the_panel_and_the_kernel_stays_free(kerne
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert "Run 'free': " in bundle["text/plain"]
     assert kernel.value("1 + 1") == 2  # another cell runs while training goes on
-    step = kernel.value(f"{RUN}.control.global_step or 0") or 0
+    step = kernel.value(f"{RUN}.lifecycle.global_step or 0") or 0
     kernel.execute(f"{RUN}.stop()")
     kernel.wait_for(f"{RUN}.state == 'stopped'")
     assert kernel.value("len(history.epoch) > 0")
@@ -126,7 +126,7 @@ def test_a_second_interrupt_while_stopping_aborts(kernel):
         " callbacks=[Slow(0.01), SlowValidation(0.6)], verbose=0)\n"
     )
     assert kernel.execute(cell).status == "ok"
-    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.control.step > 0", timeout=60)
+    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.lifecycle.step > 0", timeout=60)
     kernel.interrupt()
     kernel.wait_for(f"{RUN}.state == 'stopping'", timeout=30)
     time.sleep(1.2)
@@ -159,12 +159,12 @@ def test_button_clicks_as_comm_messages(kernel):
     kernel.click(button(kernel, "pause"))
     kernel.wait_for(f"{RUN}.state == 'paused'", timeout=30)
     kernel.wait_for(f"{RUN}.panel.buttons['pause'].description == 'Resume'", timeout=10)
-    step = kernel.value(f"{RUN}.control.global_step")
-    held = kernel.value(f"{RUN}.control.step")
+    step = kernel.value(f"{RUN}.lifecycle.global_step")
+    held = kernel.value(f"{RUN}.lifecycle.step")
     time.sleep(0.5)
-    assert kernel.value(f"{RUN}.control.step") == held
+    assert kernel.value(f"{RUN}.lifecycle.step") == held
     kernel.click(button(kernel, "pause"))  # now labelled Resume
-    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.control.step != {held}", timeout=30)
+    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.lifecycle.step != {held}", timeout=30)
     kernel.click(button(kernel, "abort"))
     kernel.wait_for(f"{RUN}.state == 'aborted'", timeout=30)
     assert kernel.value(f"len({RUN}.checkpoints)") == 1  # abort wrote none
@@ -177,7 +177,7 @@ def test_resume_in_a_fresh_kernel_continues_the_optimizer_and_the_epoch(tmp_path
     first = Kernel(tmp_path, runtime_dir.parent)
     try:
         start_fit(first, "part", epochs=6, sleep=0.02)
-        first.wait_for(f"{RUN}.control.epoch >= 2", timeout=60)
+        first.wait_for(f"{RUN}.lifecycle.epoch >= 2", timeout=60)
         first.interrupt()
         first.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
         info = read_sidecar(first.value(f"str({RUN}.checkpoints[-1])"))
@@ -311,7 +311,7 @@ def test_defaults_are_configurable_with_traitlets(kernel, tmp_path):
     kernel.wait_for(f"len({RUN}.checkpoints) == 1", timeout=30)
     assert kernel.value(f"{RUN}.state") == "running"
     kernel.execute(f"{RUN}.save()")
-    kernel.wait_for(f"{RUN}.control.events[-1]['kind'] == 'checkpoint'", timeout=30)
+    kernel.wait_for(f"{RUN}.lifecycle.events[-1]['kind'] == 'checkpoint'", timeout=30)
     kernel.execute(f"{RUN}.stop()")
     kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
     kept = sorted((tmp_path / "ckpts" / "configured-dir").glob("*.keras"))

@@ -1,6 +1,6 @@
 """The server extension's REST API, against a real Jupyter server (pytest-jupyter).
 
-Runs are real: a `RunControl` listening in this process (no Keras needed to
+Runs are real: a `RunLifecycle` listening in this process (no Keras needed to
 receive commands), and the example training script in a subprocess.
 """
 
@@ -19,7 +19,7 @@ from jupyter_server.serverapp import ServerApp
 from helpers import child_env, read_sidecar
 from jupyter_traincontrol.cli import main as cli_main
 from jupyter_traincontrol.commands import Command
-from jupyter_traincontrol.control import RunControl
+from jupyter_traincontrol.lifecycle import RunLifecycle
 
 API = ("traincontrol", "api")
 
@@ -89,8 +89,8 @@ async def test_a_run_of_a_kernel_of_this_server_names_its_notebook(api, tmp_path
     )
     session = json.loads(reply.body)
     kernel_id = session["kernel"]["id"]
-    ours = RunControl("in-kernel", tmp_path / "a", extra_record={"kernel_id": kernel_id}).open()
-    elsewhere = RunControl("other-server", tmp_path / "b", extra_record={"kernel_id": "f" * 32}).open()
+    ours = RunLifecycle("in-kernel", tmp_path / "a", extra_record={"kernel_id": kernel_id}).open()
+    elsewhere = RunLifecycle("other-server", tmp_path / "b", extra_record={"kernel_id": "f" * 32}).open()
     try:
         runs = {run["name"]: run for run in await get_runs(api)}
     finally:
@@ -108,7 +108,7 @@ async def test_a_run_of_a_kernel_of_this_server_names_its_notebook(api, tmp_path
 async def test_post_delivers_the_command_through_the_fifo(api, live_run):
     code, reply = await post_command(api, "alpha", {"command": "save"})
     assert (code, reply) == (202, {"name": "alpha", "command": "save", "message": "Sent save to alpha."})
-    assert live_run.channel.wait(5) and live_run.channel.pop() is Command.SAVE
+    assert live_run.channel.get(5) is Command.SAVE
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ async def test_an_unknown_run_is_404(api, live_run):
 
 
 async def test_an_ended_run_is_409(api, tmp_path):
-    control = RunControl("done", tmp_path / "ck").open()
+    control = RunLifecycle("done", tmp_path / "ck").open()
     control.close("finished")
     code, reply = await post_command(api, "done", {"command": "stop"})
     assert (code, reply["message"]) == (409, "Run 'done' has ended (finished); it takes no more commands.")
@@ -180,7 +180,7 @@ async def test_a_cookie_authenticated_post_needs_the_xsrf_token(api, live_run):
     xsrf = {"Cookie": f"{login}; _xsrf=abc123", "X-XSRFToken": "abc123"}
     code, reply = await post_command(api, "alpha", {"command": "save"}, headers={**without_token, **xsrf})
     assert code == 202, reply
-    assert live_run.channel.wait(5) and live_run.channel.pop() is Command.SAVE
+    assert live_run.channel.get(5) is Command.SAVE
 
 
 async def test_registry_reads_and_fifo_writes_run_off_the_event_loop(api, live_run, monkeypatch):
@@ -195,14 +195,14 @@ async def test_registry_reads_and_fifo_writes_run_off_the_event_loop(api, live_r
 
         return wrapper
 
-    monkeypatch.setattr(handlers, "listed_runs", spy(handlers.listed_runs))
-    monkeypatch.setattr(handlers, "send_to_run", spy(handlers.send_to_run))
+    monkeypatch.setattr(handlers, "public_records", spy(handlers.public_records))
+    monkeypatch.setattr(handlers, "send", spy(handlers.send))
     await get_runs(api)
     assert (await post_command(api, "alpha", {"command": "save"}))[0] == 202
     assert len(threads) == 2
     assert all(name.startswith("traincontrol-server") for name in threads), threads
     assert threading.current_thread().name not in threads
-    live_run.channel.wait(5)
+    assert live_run.channel.get(5) is Command.SAVE
 
 
 async def test_a_training_script_is_listed_and_stopped_through_the_api(api, training, tmp_path):

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Int
 
-from .handlers import EXECUTOR_SETTING, CommandsHandler, RunsHandler
+from .handlers import EXECUTOR_SETTING, CommandsHandler, RunsHandler, VocabularyHandler
 
 __all__ = ["API_PATH", "TrainControlApp"]
 
@@ -47,6 +47,7 @@ class TrainControlApp(ExtensionApp):
         self.handlers.extend(
             [
                 (f"{API_PATH}/runs", RunsHandler),
+                (f"{API_PATH}/commands", VocabularyHandler),
                 (rf"{API_PATH}/runs/(?P<name>[^/]+)/commands", CommandsHandler),
             ]
         )

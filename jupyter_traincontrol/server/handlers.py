@@ -7,6 +7,9 @@ Routes, under ``<base_url>/traincontrol/api/``:
   the run lives in, or null), ``kernel_on_this_server`` and
   ``notebook_path`` (the session path of that kernel on this server, or
   null).
+- ``GET commands``: ``{"commands": [{"name", "help"}], "allowed": {state:
+  [command, ...]}}``, the one help table of the vocabulary and which
+  commands make sense in which state.
 - ``POST runs/<name>/commands`` with ``{"command": "stop"}``: 202 once the
   command is in the run's FIFO; 400 for a bad body or an unknown command,
   404 for an unknown run, 409 for a run that no longer listens, 503 if the
@@ -31,11 +34,10 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from ..channel import ChannelError, NotListeningError
-from ..cli import public_record, send_to_run
-from ..commands import COMMAND_NAMES, UnknownCommandError
-from ..registry import RunNotFoundError, list_runs
+from ..client import RunNotFoundError, public_records, send
+from ..commands import COMMAND_HELP, COMMAND_NAMES, RunState, UnknownCommandError, allowed_commands
 
-__all__ = ["RunsHandler", "CommandsHandler", "EXECUTOR_SETTING", "listed_runs"]
+__all__ = ["RunsHandler", "CommandsHandler", "VocabularyHandler", "EXECUTOR_SETTING", "vocabulary"]
 
 #: The key of the extension's thread pool in the Tornado settings.
 EXECUTOR_SETTING = "traincontrol_executor"
@@ -43,9 +45,13 @@ EXECUTOR_SETTING = "traincontrol_executor"
 _T = TypeVar("_T")
 
 
-def listed_runs() -> list[dict[str, Any]]:
-    """The records of the listed runs, as ``jupyter-traincontrol list --json`` prints them."""
-    return [public_record(record) for record in list_runs()]
+def vocabulary() -> dict[str, Any]:
+    """What ``GET commands`` answers: each command's help, and which commands
+    make sense in which state (the side panel enables its buttons by it)."""
+    return {
+        "commands": [{"name": str(command), "help": text} for command, text in COMMAND_HELP.items()],
+        "allowed": {str(state): [str(c) for c in allowed_commands(state)] for state in RunState},
+    }
 
 
 class _TrainControlHandler(APIHandler):
@@ -67,7 +73,7 @@ class RunsHandler(_TrainControlHandler):
     @authorized
     async def get(self) -> None:
         try:
-            records = await self._run_blocking(listed_runs)
+            records = await self._run_blocking(public_records)
         except OSError as error:  # an unsafe registry folder (UnsafePathError), an I/O error
             raise tornado.web.HTTPError(500, f"Cannot read the registry of runs: {error}") from error
         kernel_ids = set(self.kernel_manager.list_kernel_ids())
@@ -96,6 +102,16 @@ class RunsHandler(_TrainControlHandler):
         }
 
 
+class VocabularyHandler(_TrainControlHandler):
+    """``GET commands``: the commands, their help, and which apply in which state."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(vocabulary()))
+
+
 class CommandsHandler(_TrainControlHandler):
     """``POST runs/<name>/commands``: delivers one command to a run's FIFO."""
 
@@ -104,7 +120,7 @@ class CommandsHandler(_TrainControlHandler):
     async def post(self, name: str) -> None:
         command = self._command_from_body()
         try:
-            sent = await self._run_blocking(send_to_run, name, command)
+            sent = await self._run_blocking(send, name, command)
         except UnknownCommandError as error:
             raise tornado.web.HTTPError(400, str(error)) from error
         except RunNotFoundError as error:

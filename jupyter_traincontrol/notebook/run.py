@@ -3,8 +3,12 @@
 `TrainingRun` executes the cell in the user's namespace on a daemon thread,
 so the kernel stays free for other cells. Every ``fit`` called on that thread
 (directly or through the user's functions) gets the run's `ControlCallback`;
-what the thread prints goes to the run's panel. One `RunControl` spans the
-whole cell: its name, FIFO, record and checkpoints.
+what the thread prints goes to the run's panel. One `RunLifecycle` spans
+the whole cell: its name, FIFO, record and checkpoints.
+
+The run knows its view only as a `RunView` (the notebook panel, or a text
+reporter): it never imports the panel, and the panel reads the run through
+its public attributes.
 
 Final states: ``failed`` if the cell raised; ``aborted`` / ``stopped`` if a
 ``fit`` was ended by that command; ``finished`` otherwise (also when the cell
@@ -18,16 +22,14 @@ import inspect
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from .callback import ControlCallback
-from .commands import Command, parse_command
-from .control import RunControl
+from ..commands import ACTIVE_STATES, FINAL_STATES, Command, RunState, parse_command
+from ..lifecycle import RunLifecycle
 from .fit_hook import FitInterceptor, intercept_fit
 from .output import route_thread_output
-from .registry import ACTIVE_STATES
 
-__all__ = ["TrainingRun", "active_runs", "all_runs", "OutputBuffer"]
+__all__ = ["TrainingRun", "RunView", "active_runs", "all_runs", "OutputBuffer"]
 
 _INTERRUPT_BURST_SECONDS = 1.0
 
@@ -85,6 +87,16 @@ class OutputBuffer:
         return "\n".join(lines)
 
 
+class RunView(Protocol):
+    """What shows a run: the notebook panel, or a text reporter."""
+
+    def start(self) -> "RunView":
+        """Starts following the run."""
+
+    def join(self, timeout: float | None = None) -> None:
+        """Waits until the view has shown the run's end."""
+
+
 class TrainingRun(FitInterceptor):
     """The code of one cell, training in the background under control.
 
@@ -126,30 +138,32 @@ class TrainingRun(FitInterceptor):
             raise ValueError(f"on_interrupt must be stop, save or abort, got {on_interrupt!r}.")
         self._compiled = compile(code, filename, "exec")
         self._namespace = namespace
-        self.control = RunControl(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
-        self.callback = ControlCallback(control=self.control, resume=resume, handle_sigint=False, verbose=False)
+        from ..callback import ControlCallback  # Keras loads with the first run, not with the extension
+
+        self.lifecycle = RunLifecycle(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
+        self.callback = ControlCallback(lifecycle=self.lifecycle, resume=resume, handle_sigint=False, verbose=False)
         self.output = OutputBuffer()
         self.history = None
         self.fit_calls = 0
         self.batch_size: int | None = None
-        self._ended_by: str | None = None
+        self._ended_by: Command | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_interrupt = float("-inf")
-        self.panel = None  # set by the extension: a ControlPanel or TextReporter
+        self.panel: RunView | None = None  # set by the extension
 
     # Public view -----------------------------------------------------------
 
     @property
     def name(self) -> str | None:
         """The run's name."""
-        return self.control.name
+        return self.lifecycle.name
 
     @property
-    def state(self) -> str:
+    def state(self) -> RunState:
         """``starting``, ``running``, ``paused``, ``stopping``, ``stopped``,
         ``aborted``, ``finished`` or ``failed``."""
-        return self.control.state
+        return self.lifecycle.state
 
     @property
     def active(self) -> bool:
@@ -159,18 +173,18 @@ class TrainingRun(FitInterceptor):
     @property
     def checkpoints(self) -> list:
         """Paths of the run's complete checkpoints, oldest first."""
-        return [checkpoint.path for checkpoint in self.control.checkpoints()]
+        return [checkpoint.path for checkpoint in self.lifecycle.checkpoints()]
 
     @property
     def fifo(self) -> str | None:
         """The run's FIFO while it listens (write commands there)."""
-        channel = self.control.channel
+        channel = self.lifecycle.channel
         return channel.address if channel is not None else None
 
     @property
     def error(self) -> str | None:
         """The traceback of a failed run."""
-        return self.control.error
+        return self.lifecycle.error
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the run ends.
@@ -185,7 +199,7 @@ class TrainingRun(FitInterceptor):
 
     def send(self, command: str | Command) -> Command:
         """Sends a command through the run's FIFO (see `ControlCallback`)."""
-        return self.control.send(command)
+        return self.lifecycle.send(command)
 
     def stop(self) -> Command:
         """Checkpoint, then end ``fit`` gracefully."""
@@ -215,7 +229,7 @@ class TrainingRun(FitInterceptor):
         Raises:
             NameTakenError: If a live run has the requested name.
         """
-        self.control.open()
+        self.lifecycle.open()
         with _runs_lock:
             _active.append(self)
             _history.append(self)
@@ -229,22 +243,20 @@ class TrainingRun(FitInterceptor):
             self._thread.join(timeout)
 
     def _main(self) -> None:
-        final, error = "finished", None
+        final, error = RunState.FINISHED, None
         try:
             with route_thread_output(self.output.write), intercept_fit(self):
                 exec(self._compiled, self._namespace)
         except BaseException as exception:  # the cell failed: record it, keep the kernel healthy
-            final = "failed"
+            final = RunState.FAILED
             error = _format_cell_error(exception)
         else:
-            if self._ended_by == "abort":
-                final = "aborted"
-            elif self._ended_by == "stop":
-                final = "stopped"
+            if self._ended_by is not None:
+                final = {Command.ABORT: RunState.ABORTED, Command.STOP: RunState.STOPPED}[self._ended_by]
             elif self.fit_calls == 0:
-                self.control.log("warning", "The cell ended without calling fit: nothing was trained.")
+                self.lifecycle.log("warning", "The cell ended without calling fit: nothing was trained.")
         finally:
-            self.control.close(final, error)
+            self.lifecycle.close(final, error)
             with _runs_lock:
                 if self in _active:
                     _active.remove(self)
@@ -255,7 +267,7 @@ class TrainingRun(FitInterceptor):
     def around_fit(self, fit: Callable, model, args: tuple, kwargs: dict) -> Any:
         """Adds the control callback to a ``fit`` call of the cell."""
         if self._ended_by is not None:
-            self.control.log("info", f"fit skipped: the run was told to {self._ended_by}.")
+            self.lifecycle.log("info", f"fit skipped: the run was told to {self._ended_by}.")
             return getattr(model, "history", None)
         bound = inspect.signature(fit).bind(model, *args, **kwargs)
         arguments = bound.arguments
@@ -266,10 +278,7 @@ class TrainingRun(FitInterceptor):
         try:
             history = fit(*bound.args, **bound.kwargs)
         finally:
-            if self.callback.abort_requested:
-                self._ended_by = "abort"
-            elif self.callback.stop_requested:
-                self._ended_by = "stop"
+            self._ended_by = self.callback.ended_by
             self.callback.resume = False  # only the first fit of the cell resumes
         self.history = history
         return history
@@ -289,31 +298,43 @@ class TrainingRun(FitInterceptor):
         if now - previous < _INTERRUPT_BURST_SECONDS or self.state not in ACTIVE_STATES:
             return None
         repeated = previous != float("-inf")
-        command = Command.ABORT if repeated and self.state == "stopping" else self.on_interrupt
+        command = Command.ABORT if repeated and self.state == RunState.STOPPING else self.on_interrupt
         if command is Command.STOP:
             self.callback.note_interrupt()
-        self.control.log("info", f"Kernel interrupt: sending {command}.")
+        self.lifecycle.log("info", f"Kernel interrupt: sending {command}.")
         try:
             return self.send(command)
         except OSError as error:
-            self.control.log("warning", f"Kernel interrupt: could not send {command}: {error}")
+            self.lifecycle.log("warning", f"Kernel interrupt: could not send {command}: {error}")
             return None
 
     def __repr__(self) -> str:
         return f"<TrainingRun {self.name!r} {self.state}>"
 
-    def _repr_pretty_(self, printer, cycle) -> None:
-        from .panel import summary_line
+    def summary(self) -> str:
+        """One line about the run: state, progress, loss, and how to command it."""
+        lifecycle = self.lifecycle
+        parts = [f"Run {self.name!r}: {self.state}"]
+        if lifecycle.epoch:
+            parts.append(f"epoch {lifecycle.epoch}/{lifecycle.epochs or '?'}, batch {lifecycle.step}/{lifecycle.steps or '?'}")
+        loss = lifecycle.metrics.get("loss") if lifecycle.metrics else None
+        if isinstance(loss, (int, float)):
+            parts.append(f"loss {loss:.4g}")
+        if self.checkpoints:
+            parts.append(f"last checkpoint {self.checkpoints[-1]}")
+        text = ", ".join(parts)
+        if self.state not in FINAL_STATES:
+            text += f". Commands: run.stop(), or `jupyter-traincontrol send {self.name} stop` in a terminal"
+        return text
 
-        printer.text(summary_line(self))
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(self.summary())
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        from .panel import summary_line
-
         widget = getattr(self.panel, "widget", None)
         bundle = widget._repr_mimebundle_(include=include, exclude=exclude) if widget is not None else {}
         bundle = dict(bundle or {})
-        bundle["text/plain"] = summary_line(self)
+        bundle["text/plain"] = self.summary()
         return bundle
 
 

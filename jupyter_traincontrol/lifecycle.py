@@ -1,14 +1,20 @@
-"""A run as the outside world sees it: name, state, progress, channel, record.
+"""A run's life: its identity, its state machine, its event log and its record.
 
-`RunControl` ties together what a run owns besides the model: its claimed
-registry folder, its command channel, its checkpoint store, its state and a
-short event log. It publishes all of that as the run's JSON record, at most
-about twice a second while progress changes and at once on state changes.
+`RunLifecycle` owns what a run has besides the model: its claimed registry
+folder (name, run id, liveness lock), its command channel, its checkpoint
+store, its state and a short event log. It publishes all of that as the
+run's JSON record: at once on every state change, and otherwise from its own
+named publisher thread, at most about twice a second while progress changes.
 
 The training thread writes progress with plain attribute assignments (cheap
-enough for every batch); the channel's reader thread publishes it. Nothing
-here touches Keras, so the same object serves `ControlCallback` in a script
-and `TrainingRun` in a notebook.
+enough for every batch). Nothing here touches Keras, so the same object
+serves `ControlCallback` in a script and `TrainingRun` in a notebook.
+
+Example:
+
+>>> lifecycle = RunLifecycle("demo", "ckpt").open()   # doctest: +SKIP
+>>> lifecycle.set_state(RunState.RUNNING)              # doctest: +SKIP
+>>> lifecycle.close(RunState.FINISHED)                 # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -24,15 +30,17 @@ from typing import Any, Callable
 
 from .channel import ChannelError, CommandChannel, NotListeningError, open_channel, send_command
 from .checkpoint import Checkpoint, CheckpointStore
-from .commands import Command, Rejected, parse_command
-from .registry import FINAL_STATES, STATES, NameTakenError, RunFolder, unique_name, validate_name
+from .commands import FINAL_STATES, Command, Rejected, RunState, allowed_commands, parse_command
+from .registry import NameTakenError, RunFolder, unique_name, validate_name
 
-__all__ = ["RunControl", "RunEvent"]
+__all__ = ["RunLifecycle", "RunEvent"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
 _PUBLISH_INTERVAL_SECONDS = 0.5
 _EVENTS_KEPT = 50
+
+Listener = Callable[["RunLifecycle", "RunEvent | None"], None]
 
 
 class RunEvent(dict):
@@ -43,8 +51,8 @@ class RunEvent(dict):
     """
 
 
-class RunControl:
-    """The name, state, progress, channel and record of one training run.
+class RunLifecycle:
+    """The identity, state, event log and record of one training run.
 
     Args:
         name: The run's name. Defaults to the first free ``run-N``.
@@ -83,12 +91,20 @@ class RunControl:
         self.store: CheckpointStore | None = None
         self.channel: CommandChannel | None = None
         self._folder: RunFolder | None = None
-        self._state = "starting"
+        self._state = RunState.STARTING
         self._state_lock = threading.RLock()
         self.events: collections.deque[RunEvent] = collections.deque(maxlen=_EVENTS_KEPT)
         self.error: str | None = None
         self.started: float | None = None
         self.ended: float | None = None
+        self._checkpoints: list[Checkpoint] = []
+        self._listeners: list[Listener] = []
+        self._tick_hooks: list[Callable[[], None]] = []
+        self._publisher: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._reset_progress()
+
+    def _reset_progress(self) -> None:
         # Progress, written by the training thread with plain assignments.
         self.epoch = 0  # 1-based number of the epoch in progress; 0 before the first
         self.epochs: int | None = None
@@ -100,17 +116,15 @@ class RunControl:
         self._progress_version = 0
         self._published_version = -1
         self._last_publish = 0.0
-        self._listeners: list[Callable[[RunControl, RunEvent | None], None]] = []
-        self._tick_hooks: list[Callable[[], None]] = []
 
-    # Lifecycle -----------------------------------------------------------
+    # Opening and closing -------------------------------------------------
 
     @property
     def is_open(self) -> bool:
         """True between `open` and `close`."""
         return self._folder is not None and self._state not in FINAL_STATES
 
-    def open(self) -> "RunControl":
+    def open(self) -> "RunLifecycle":
         """Claims the run's name, opens its channel and publishes its record.
 
         Returns:
@@ -126,18 +140,17 @@ class RunControl:
         self._folder = self._claim_folder()
         self.name = self._folder.name
         self.store = CheckpointStore(self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep)
+        self._checkpoints = self.store.list()
         self.started, self.ended, self.error = time.time(), None, None
-        self._state = "starting"
+        self._state = RunState.STARTING
         self.events.clear()
-        self.epoch, self.step, self.global_step, self.metrics = 0, 0, None, {}
-        self.epoch_history = []
+        self._reset_progress()
         try:
             self.channel = open_channel(
                 self._folder.path,
                 self._channel_kind,
                 on_rejected=self._on_rejected,
                 on_notice=lambda text: self.log("warning", text),
-                on_tick=self._on_tick,
                 name=self.name,
             )
         except BaseException:
@@ -145,6 +158,11 @@ class RunControl:
             self._folder = None
             raise
         self.publish(force=True)
+        self._closing.clear()
+        self._publisher = threading.Thread(
+            target=self._run_publisher, name=f"traincontrol-publisher-{self.name}", daemon=True
+        )
+        self._publisher.start()
         return self
 
     def _claim_folder(self) -> RunFolder:
@@ -157,8 +175,9 @@ class RunControl:
                 continue  # another process took it between listing and claiming
         raise NameTakenError("Could not find a free run name; pass name= explicitly.")
 
-    def close(self, final_state: str, error: str | None = None) -> None:
-        """Ends the run: records `final_state`, closes the channel.
+    def close(self, final_state: RunState | str, error: str | None = None) -> None:
+        """Ends the run: records `final_state`, closes the channel and stops
+        the publisher thread.
 
         The record stays, with its final state, while this process lives.
         Idempotent: only the first call after `open` has an effect.
@@ -168,8 +187,12 @@ class RunControl:
                 ``failed``.
             error: For ``failed``: the error text (a traceback) to record.
         """
+        final_state = _as_state(final_state)
         if final_state not in FINAL_STATES:
-            raise ValueError(f"Unknown final state {final_state!r}. Expected one of: {', '.join(sorted(FINAL_STATES))}.")
+            raise ValueError(
+                f"Unknown final state {str(final_state)!r}. "
+                f"Expected one of: {', '.join(sorted(str(s) for s in FINAL_STATES))}."
+            )
         with self._state_lock:
             if not self.is_open:
                 return
@@ -178,6 +201,11 @@ class RunControl:
             channel, self.channel = self.channel, None
         if channel is not None:
             channel.close()
+        self._closing.set()
+        publisher = self._publisher
+        if publisher is not None and publisher is not threading.current_thread():
+            publisher.join()
+        self._publisher = None
         self.set_state(final_state)
 
     def forget(self) -> None:
@@ -189,19 +217,18 @@ class RunControl:
     # State and events ----------------------------------------------------
 
     @property
-    def state(self) -> str:
-        """One of `registry.STATES`."""
+    def state(self) -> RunState:
+        """The run's `RunState`."""
         return self._state
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: RunState | str) -> None:
         """Moves the run to `state`, logs it and publishes at once."""
-        if state not in STATES:
-            raise ValueError(f"Unknown state {state!r}. Expected one of: {', '.join(STATES)}.")
+        state = _as_state(state)
         with self._state_lock:
             if state == self._state:
                 return
             self._state = state
-        self.log("state", state)
+        self.log("state", str(state))
         self.publish(force=True)
 
     def log(self, kind: str, message: str) -> RunEvent:
@@ -214,18 +241,18 @@ class RunControl:
         self._notify(event)
         return event
 
-    def add_listener(self, listener: Callable[["RunControl", RunEvent | None], None]) -> None:
-        """Calls `listener(control, event)` on each event, and with None on
-        progress (from the reader thread, at most about twice a second)."""
+    def add_listener(self, listener: Listener) -> None:
+        """Calls `listener(lifecycle, event)` on each event, and with None on
+        progress (from the publisher thread, at most about twice a second)."""
         self._listeners.append(listener)
 
-    def remove_listener(self, listener) -> None:
+    def remove_listener(self, listener: Listener) -> None:
         """Undoes `add_listener`."""
         if listener in self._listeners:
             self._listeners.remove(listener)
 
     def add_tick_hook(self, hook: Callable[[], None]) -> None:
-        """Calls `hook()` from the reader thread about twice a second."""
+        """Calls `hook()` from the publisher thread about twice a second."""
         self._tick_hooks.append(hook)
 
     def remove_tick_hook(self, hook: Callable[[], None]) -> None:
@@ -243,14 +270,15 @@ class RunControl:
     def _on_rejected(self, rejected: Rejected) -> None:
         self.log("rejected", f"{rejected.text}: {rejected.reason}")
 
-    def _on_tick(self) -> None:
-        for hook in list(self._tick_hooks):
-            try:
-                hook()
-            except Exception:
-                logger.exception("A run tick hook failed")
-        if self.publish():
-            self._notify(None)
+    def _run_publisher(self) -> None:
+        while not self._closing.wait(_PUBLISH_INTERVAL_SECONDS):
+            for hook in list(self._tick_hooks):
+                try:
+                    hook()
+                except Exception:
+                    logger.exception("A run tick hook failed")
+            if self.publish():
+                self._notify(None)
 
     # Progress ------------------------------------------------------------
 
@@ -269,22 +297,28 @@ class RunControl:
         self.epoch_history.append(entry)
         self.touch()
 
+    def add_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Notes a checkpoint the run wrote (the store may have pruned older ones)."""
+        self._checkpoints = self.store.list()
+        self.log("checkpoint", f"{checkpoint.info.get('reason')}: {checkpoint.path}")
+
     def checkpoints(self) -> list[Checkpoint]:
-        """The run's complete checkpoints, oldest first."""
-        return self.store.list() if self.store else []
+        """The run's complete checkpoints, oldest first (as of its last save)."""
+        return list(self._checkpoints)
 
     def record(self) -> dict[str, Any]:
         """The run's record as published (without the registry's fields)."""
         channel = self.channel
         return {
             **self._extra_record,
-            "state": self.state,
+            "state": str(self.state),
+            "commands": [str(command) for command in allowed_commands(self.state)],
             "origin": self.origin,
             "channel": channel.kind if channel else None,
             "fifo": channel.address if channel is not None and channel.kind == "fifo" else None,
             "address": channel.address if channel is not None else None,
             "checkpoint_dir": str(self.store.directory) if self.store else None,
-            "checkpoints": [str(c.path) for c in self.checkpoints()],
+            "checkpoints": [str(c.path) for c in self._checkpoints],
             "epoch": self.epoch,
             "epochs": self.epochs,
             "step": self.step,
@@ -349,3 +383,12 @@ class RunControl:
             channel.inject(command)
             self.log("warning", f"Delivered {command} directly: {error}")
         return command
+
+
+def _as_state(state: RunState | str) -> RunState:
+    try:
+        return RunState(state)
+    except ValueError:
+        raise ValueError(
+            f"Unknown state {state!r}. Expected one of: {', '.join(str(s) for s in RunState)}."
+        ) from None

@@ -21,9 +21,9 @@ import threading
 import time
 from typing import Callable
 
-from .registry import FINAL_STATES
+from ..commands import COMMAND_HELP, FINAL_STATES, Command, allowed_commands
 
-__all__ = ["ControlPanel", "TextReporter", "summary_line", "loss_chart_svg"]
+__all__ = ["ControlPanel", "TextReporter", "loss_chart_svg"]
 
 _BAR_STYLES = {
     "starting": "", "running": "", "paused": "info", "stopping": "warning",
@@ -33,36 +33,11 @@ _STATE_COLORS = {
     "starting": "#777", "running": "#1a73e8", "paused": "#0097a7", "stopping": "#e37400",
     "stopped": "#188038", "finished": "#188038", "aborted": "#e37400", "failed": "#d93025",
 }
-_ENABLED = {
-    "starting": {"stop", "abort"},
-    "running": {"save", "stop", "abort", "pause"},
-    "paused": {"save", "stop", "abort", "pause"},
-    "stopping": {"abort"},
-}
-
-
 def _clock(seconds: float | None) -> str:
     if seconds is None or seconds != seconds or seconds == float("inf"):
         return "--:--"
     seconds = int(max(0, seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def summary_line(run) -> str:
-    """One line about a run: state, progress, loss, and how to command it."""
-    control = run.control
-    parts = [f"Run {run.name!r}: {run.state}"]
-    if control.epoch:
-        parts.append(f"epoch {control.epoch}/{control.epochs or '?'}, batch {control.step}/{control.steps or '?'}")
-    loss = control.metrics.get("loss") if control.metrics else None
-    if isinstance(loss, (int, float)):
-        parts.append(f"loss {loss:.4g}")
-    if run.checkpoints:
-        parts.append(f"last checkpoint {run.checkpoints[-1]}")
-    text = ", ".join(parts)
-    if run.state not in FINAL_STATES:
-        text += f". Commands: run.stop(), or `jupyter-traincontrol send {run.name} stop` in a terminal"
-    return text
 
 
 def loss_chart_svg(history: list[dict], width: int = 360, height: int = 130) -> str:
@@ -158,10 +133,10 @@ class ControlPanel:
         self.output = widgets.HTML(layout=full)
         self.note = widgets.HTML(layout=full)
         self.buttons = {
-            "save": widgets.Button(description="Save", icon="save", tooltip="Write a checkpoint; training goes on"),
-            "stop": widgets.Button(description="Stop", icon="stop", button_style="warning", tooltip="Checkpoint, then end fit gracefully"),
-            "abort": widgets.Button(description="Abort", icon="times", button_style="danger", tooltip="End fit now, without a checkpoint"),
-            "pause": widgets.Button(description="Pause", icon="pause", tooltip="Hold training at the next batch"),
+            "save": widgets.Button(description="Save", icon="save", tooltip=_tooltip(Command.SAVE)),
+            "stop": widgets.Button(description="Stop", icon="stop", button_style="warning", tooltip=_tooltip(Command.STOP)),
+            "abort": widgets.Button(description="Abort", icon="times", button_style="danger", tooltip=_tooltip(Command.ABORT)),
+            "pause": widgets.Button(description="Pause", icon="pause", tooltip=_tooltip(Command.PAUSE)),
         }
         for key, button in self.buttons.items():
             button.on_click(self._click_handler(key))
@@ -210,7 +185,7 @@ class ControlPanel:
 
     def refresh(self) -> None:
         """Redraws what changed. Called by the monitor thread only."""
-        run, control = self.run, self.run.control
+        run, control = self.run, self.run.lifecycle
         state = run.state
         now = time.time()
         self.updates += 1
@@ -224,11 +199,13 @@ class ControlPanel:
         self.progress.value = min(control.step, self.progress.max)
         self.progress.bar_style = _BAR_STYLES[state]
         self.stats.value = self._stats_html(now)
-        enabled = _ENABLED.get(state, set())
+        enabled = {str(command) for command in allowed_commands(state)}
         for key, button in self.buttons.items():
-            button.disabled = key not in enabled
+            button.disabled = key not in enabled and not (key == "pause" and "resume" in enabled)
         pause = self.buttons["pause"]
-        pause.description, pause.icon = ("Resume", "play") if state == "paused" else ("Pause", "pause")
+        paused = "resume" in enabled
+        pause.description, pause.icon = ("Resume", "play") if paused else ("Pause", "pause")
+        pause.tooltip = _tooltip(Command.RESUME if paused else Command.PAUSE)
         self.metrics.value = _metrics_html(control.metrics)
         self.chart.value = loss_chart_svg(control.epoch_history)
         self.note.value = self._note_html(state)
@@ -236,7 +213,7 @@ class ControlPanel:
         self.output.value = self._output_html()
 
     def _stats_html(self, now: float) -> str:
-        control = self.run.control
+        control = self.run.lifecycle
         started = control.started or now
         elapsed = (control.ended or now) - started
         steps, epochs = control.steps, control.epochs
@@ -279,6 +256,11 @@ class ControlPanel:
         )
 
 
+def _tooltip(command: Command) -> str:
+    text = COMMAND_HELP[command]
+    return text[0].upper() + text[1:]
+
+
 def _metrics_html(metrics: dict) -> str:
     cell = "padding:0 6px;line-height:1.4"
     rows = "".join(
@@ -311,7 +293,7 @@ class TextReporter:
     def __init__(self, run, stream=None):
         self.run = run
         self._stream = stream or sys.__stdout__
-        run.control.add_listener(self._on_event)
+        run.lifecycle.add_listener(self._on_event)
 
     def start(self) -> "TextReporter":
         return self

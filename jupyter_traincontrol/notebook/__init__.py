@@ -1,0 +1,12 @@
+"""Everything IPython and ipywidgets: the notebook side of jupyter-traincontrol.
+
+- `extension`: ``%load_ext jupyter_traincontrol``: the ``%%interruptible_fit``
+  magic and the kernel hooks, installed and removed as one unit.
+- `run`: a `TrainingRun`, the cell's code on a background thread under control.
+- `fit_hook`: adds the run's callback to every ``fit`` on that thread.
+- `output`: what that thread prints goes to the run, not to the current cell.
+- `panel`: the ipywidgets panel (or a text reporter outside a notebook).
+- `kernel_interrupts`: hears kernel interrupts whether the kernel is idle or busy.
+
+Nothing in the core package imports this one.
+"""

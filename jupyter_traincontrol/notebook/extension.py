@@ -1,0 +1,259 @@
+"""The IPython extension: ``%%interruptible_fit`` and the kernel hooks, loaded and unloaded as one unit.
+
+::
+
+    %load_ext jupyter_traincontrol
+
+    %%interruptible_fit --name mnist
+    history = model.fit(x, y, epochs=50, validation_split=0.1)
+
+The cell's code runs on a background thread in the user namespace; every
+``fit`` it calls gets the control callback. The cell returns at once with the
+run, whose display is its control panel (Save, Stop, Abort, Pause/Resume,
+progress, metrics, a loss chart and a log). Names the cell assigns are in the
+namespace once the run ends, however it ends.
+
+As IPython's ``storemagic`` does, one `Magics` class is the whole unit: it
+holds the magic, its configurable defaults (traitlets, settable with
+``%config`` or in ``ipython_config.py``), and everything loading installs::
+
+    %config TrainControlMagics.keep = 5
+
+While a run of this kernel is active:
+
+- interrupting the kernel (toolbar button, ``I, I``,
+  ``KernelManager.interrupt_kernel()``) sends each active run its
+  ``--on-interrupt`` command (default ``stop``); a second interrupt while
+  they stop sends ``abort``. A busy cell still gets its ``KeyboardInterrupt``.
+- shutting down or restarting the kernel stops active runs with a checkpoint
+  first, waiting a few seconds at most.
+
+With no active run, interrupts behave exactly as without the extension.
+Unloading stops active runs gracefully and restores every hook. Loading
+imports neither Keras nor TensorFlow: they load when the first run starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Enum, Float, Int, Unicode
+
+from ..registry import NameTakenError, unique_name, validate_name
+from .run import TrainingRun, active_runs
+
+__all__ = ["TrainControlMagics", "load", "unload", "stop_runs", "SHUTDOWN_GRACE_SECONDS"]
+
+#: How long kernel shutdown waits for active runs to stop with a checkpoint.
+#: jupyter_client kills a kernel that has not exited 5 s after a shutdown request.
+SHUTDOWN_GRACE_SECONDS = 3.5
+#: How long `%unload_ext` waits for active runs to stop.
+UNLOAD_GRACE_SECONDS = 30.0
+
+_loaded: dict[int, "TrainControlMagics"] = {}
+
+
+def _kernel_id() -> str | None:
+    try:
+        from ipykernel.connect import get_connection_file
+
+        name = os.path.basename(get_connection_file())
+    except Exception:  # not in a kernel, or no connection file
+        return None
+    return name[len("kernel-") : -len(".json")] if name.startswith("kernel-") and name.endswith(".json") else None
+
+
+def stop_runs(runs: list[TrainingRun], timeout: float) -> list[TrainingRun]:
+    """Sends ``stop`` to `runs` and waits until they end or `timeout` passes.
+
+    Returns:
+        The runs that had not ended in time.
+    """
+    for run in runs:
+        try:
+            run.stop()
+        except OSError:
+            pass  # it ended meanwhile
+    deadline = time.monotonic() + timeout
+    for run in runs:
+        run.wait(max(0.0, deadline - time.monotonic()))
+    return [run for run in runs if run.active]
+
+
+@magics_class
+class TrainControlMagics(Magics):
+    """``%%interruptible_fit``, its configurable defaults, and the kernel hooks."""
+
+    checkpoint_dir = Unicode(
+        "checkpoints/{name}",
+        help="Where a run's checkpoints go unless --checkpoint-dir is given; "
+        "{name} is replaced by the run's name. Relative to the kernel's working directory.",
+    ).tag(config=True)
+    keep = Int(3, help="How many of the newest checkpoints a run keeps.").tag(config=True)
+    on_interrupt = Enum(
+        ["stop", "save", "abort"],
+        default_value="stop",
+        help="What interrupting the kernel does to its active runs.",
+    ).tag(config=True)
+    refresh_rate = Float(5.0, help="Panel redraws a second, at most.").tag(config=True)
+    name_prefix = Unicode("fit", help="Default run names are PREFIX-1, PREFIX-2, ...").tag(config=True)
+
+    def __init__(self, shell):
+        super().__init__(shell=shell)
+        self.kernel = getattr(shell, "kernel", None)
+        self.watcher = None
+        self._original_do_shutdown = None
+        self._kernel_id = _kernel_id() if self.kernel is not None else None
+
+    # Loading and unloading ------------------------------------------------
+
+    def install(self) -> None:
+        """Registers the magic and hooks the kernel (if any)."""
+        self.shell.register_magics(self)
+        if self.kernel is None:
+            return
+        from .kernel_interrupts import KernelInterruptWatcher
+
+        self.watcher = KernelInterruptWatcher(self.kernel, self._on_interrupt, lambda: bool(active_runs()))
+        self.watcher.install()
+        self._original_do_shutdown = self.kernel.__dict__.get("do_shutdown")
+        original = self.kernel.do_shutdown
+
+        def do_shutdown(restart):
+            stop_runs(active_runs(), SHUTDOWN_GRACE_SECONDS)
+            return original(restart)
+
+        self.kernel.do_shutdown = do_shutdown
+
+    def uninstall(self) -> None:
+        """Stops active runs, then removes everything `install` installed."""
+        left = stop_runs(active_runs(), UNLOAD_GRACE_SECONDS)
+        for run in left:
+            run.abort()
+        stop_runs(left, 5.0)
+        magics = self.shell.magics_manager.magics
+        if magics["cell"].get("interruptible_fit") is not None:
+            del magics["cell"]["interruptible_fit"]
+        self.shell.magics_manager.registry.pop(type(self).__name__, None)
+        if self in self.shell.configurables:
+            self.shell.configurables.remove(self)
+        if self.watcher is not None:
+            self.watcher.uninstall()
+            self.watcher = None
+        if self.kernel is not None:
+            if self._original_do_shutdown is None:
+                self.kernel.__dict__.pop("do_shutdown", None)
+            else:
+                self.kernel.do_shutdown = self._original_do_shutdown
+
+    @property
+    def kernel_busy(self) -> bool:
+        """True while the kernel handles a cell (as far as the watcher knows)."""
+        return bool(self.watcher and self.watcher.busy)
+
+    # The magic --------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("--name", help="the run's name, unique among live runs (default: fit-N)")
+    @argument("--checkpoint-dir", help="folder of the run's checkpoints (default: checkpoints/NAME)")
+    @argument("--keep", type=int, help="how many of the newest checkpoints to keep (default: 3)")
+    @argument("--resume", action="store_true", help="continue from the latest checkpoint in the checkpoint dir")
+    @argument("--wait", action="store_true", help="keep the cell busy until the run ends")
+    @argument(
+        "--on-interrupt", choices=["stop", "save", "abort"],
+        help="what a kernel interrupt does to this run (default: stop)",
+    )
+    @cell_magic
+    def interruptible_fit(self, line: str, cell: str):
+        """Run the cell's ``fit`` in the background, controllable by buttons,
+        kernel interrupts, the terminal and JupyterLab.
+
+        The cell returns at once with the run (its panel). Interrupting the
+        kernel stops active runs with a checkpoint; a second interrupt while
+        they stop aborts them. From a terminal:
+        ``jupyter-traincontrol send NAME stop`` (or save, abort, pause,
+        resume).
+        """
+        args = parse_argstring(self.interruptible_fit, line)
+        if not cell.strip():
+            raise UsageError("%%interruptible_fit: the cell is empty. Put the code that calls fit below the magic line.")
+        keep = self.keep if args.keep is None else args.keep
+        if keep < 1:
+            raise UsageError(f"%%interruptible_fit: --keep must be at least 1, got {keep}.")
+        try:
+            name = validate_name(args.name) if args.name else unique_name(self.name_prefix)
+        except ValueError as error:
+            raise UsageError(f"%%interruptible_fit: {error}") from None
+        checkpoint_dir = args.checkpoint_dir or self.checkpoint_dir.format(name=name)
+        try:
+            run = self._start_run(
+                self.shell.transform_cell(cell),
+                name=name,
+                checkpoint_dir=str(Path(checkpoint_dir).expanduser()),
+                keep=keep,
+                resume=args.resume,
+                on_interrupt=args.on_interrupt or self.on_interrupt,
+            )
+        except NameTakenError as error:
+            raise UsageError(f"%%interruptible_fit: {error}") from None
+        except SyntaxError as error:
+            raise UsageError(f"%%interruptible_fit: the cell is not valid Python: {error}") from None
+        if args.wait:
+            from IPython.display import display
+
+            display(run)
+            self._wait_in_cell(run)
+            return None
+        return run
+
+    def _start_run(self, code: str, **options) -> TrainingRun:
+        """Starts a `TrainingRun` of `code` with its panel (or text reporter)."""
+        from .panel import ControlPanel, TextReporter
+
+        extra = {"kernel_id": self._kernel_id} if self._kernel_id else None
+        run = TrainingRun(code, self.shell.user_ns, extra_record=extra, filename="<interruptible_fit cell>", **options)
+        run.start()
+        if self.kernel is not None:
+            run.panel = ControlPanel(run, self.refresh_rate, kernel_busy=lambda: self.kernel_busy)
+        else:
+            run.panel = TextReporter(run)
+        run.panel.start()
+        return run
+
+    def _wait_in_cell(self, run: TrainingRun) -> None:
+        """Blocks the cell until `run` ends. An interrupt does not end the
+        cell: the watcher has already sent the run its command, and the cell
+        waits for the graceful end, without a traceback."""
+        while True:
+            try:
+                run.wait()
+                run.panel.join(5)
+                return
+            except KeyboardInterrupt:
+                if self.watcher is None:  # no kernel: act here
+                    run.handle_interrupt()
+
+    def _on_interrupt(self, busy: bool) -> None:
+        for run in active_runs():
+            run.handle_interrupt()
+
+
+def load(shell) -> TrainControlMagics:
+    """Loads the extension into `shell` (idempotent)."""
+    magics = _loaded.get(id(shell))
+    if magics is None:
+        magics = _loaded[id(shell)] = TrainControlMagics(shell)
+        magics.install()
+    return magics
+
+
+def unload(shell) -> None:
+    """Unloads the extension from `shell` (idempotent)."""
+    magics = _loaded.pop(id(shell), None)
+    if magics is not None:
+        magics.uninstall()
