@@ -11,7 +11,9 @@
 Any process of the same user reads the records: the CLI, the Jupyter server,
 other kernels. A run is alive while its lock is held: the OS releases it
 when the process ends, however it ends, so "is this run alive" needs no
-look at the process table. A record stays, with its final state, while its
+look at the process table. (Each run's ``lock`` is a hard link to one lock
+file its process holds, under ``.locks/``: one descriptor per process.)
+A run folder appears whole, by renaming a prepared one into place. A record stays, with its final state, while its
 process lives; the folders of dead runs are removed when runs are listed or
 a new run claims the name. Names are unique among live runs; the name of an
 ended run may be taken again.
@@ -28,6 +30,7 @@ import fcntl
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -53,6 +56,8 @@ __all__ = [
 
 RECORD_NAME = "run.json"
 LOCK_NAME = "lock"
+_LOCKS_FOLDER = ".locks"
+_CLAIM_PREFIX = ".claim-"
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CLAIM_ATTEMPTS = 5
 
@@ -89,11 +94,10 @@ def validate_name(name: str) -> str:
     return name
 
 
-def _open_lock(folder: Path, *, create: bool) -> int | None:
+def _open_lock(folder: Path) -> int | None:
     """Opens a run folder's lock file (never through a symlink), or None if missing."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
-        return os.open(folder / LOCK_NAME, flags, 0o600)
+        return os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
 
@@ -109,10 +113,10 @@ def _try_lock(fd: int, mode: int) -> bool:
     return True
 
 
-def _is_lock_at(folder: Path, fd: int) -> bool:
-    """True if `fd` is still the lock file at `folder` (no one moved it away)."""
+def _same_file(path: Path, fd: int) -> bool:
+    """True if `path` is (still) the file open as `fd`."""
     try:
-        on_disk = os.lstat(folder / LOCK_NAME)
+        on_disk = os.lstat(path)
     except FileNotFoundError:
         return False
     held = os.fstat(fd)
@@ -121,7 +125,7 @@ def _is_lock_at(folder: Path, fd: int) -> bool:
 
 def folder_is_live(folder: Path) -> bool:
     """True while the process of the run in `folder` holds its lock."""
-    fd = _open_lock(folder, create=False)
+    fd = _open_lock(folder)
     if fd is None:
         return False
     try:
@@ -141,11 +145,15 @@ def _move_away(folder: Path) -> None:
 
 
 def _remove_if_dead(folder: Path) -> bool:
-    """Removes the folder of a dead run, holding its lock meanwhile so that a
-    run being started there is never removed. Returns True if removed."""
-    fd = _open_lock(folder, create=True)
+    """Removes the folder of a dead run, holding its lock meanwhile. Returns
+    True if removed. A folder without a lock file is not a run's (claims
+    are atomic), so it goes too."""
+    fd = _open_lock(folder)
+    if fd is None:
+        _move_away(folder)
+        return True
     try:
-        if not _try_lock(fd, fcntl.LOCK_EX) or not _is_lock_at(folder, fd):
+        if not _try_lock(fd, fcntl.LOCK_EX):
             return False
         _move_away(folder)
         return True
@@ -153,11 +161,75 @@ def _remove_if_dead(folder: Path) -> bool:
         os.close(fd)
 
 
-class RunFolder:
-    """The private folder of one run, claimed for its name and locked.
+class _ProcessLock:
+    """The one lock file this process holds, per registry, for its lifetime.
 
-    Use `RunFolder.claim`; `release` gives the name back, removes the folder
-    (only if it is still this run's) and lets go of the lock.
+    Every run folder's ``lock`` is a hard link to it, so each run holds its
+    lock for as long as its process lives (ended runs stay listed until
+    then) at the cost of one descriptor per process, not one per run.
+    """
+
+    _held: dict[Path, tuple[int, Path]] = {}
+    _guard = threading.Lock()
+
+    @classmethod
+    def path_for(cls, root: Path) -> Path:
+        """The lock file of this process under `root`, created and locked on first use."""
+        with cls._guard:
+            held = cls._held.get(root)
+            if held is not None and _same_file(held[1], held[0]):
+                return held[1]
+            folder = ensure_private_dir(root / _LOCKS_FOLDER)
+            for _attempt in range(_CLAIM_ATTEMPTS):
+                path = folder / f"{os.getpid()}-{uuid.uuid4().hex}"
+                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(path, flags, 0o600)
+                if _try_lock(fd, fcntl.LOCK_EX) and _same_file(path, fd):
+                    cls._held[root] = (fd, path)
+                    return path
+                os.close(fd)  # a lister took it for a dead one's: try another name
+            raise NameTakenError(f"Could not create a lock file in {folder}: other processes keep removing it.")
+
+    @classmethod
+    def forget_inherited(cls) -> None:
+        """In a forked child: let go of the parent's locks (they stay the parent's)."""
+        for fd, _path in cls._held.values():
+            os.close(fd)
+        cls._held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ProcessLock.forget_inherited)
+
+
+def _remove_dead_locks(root: Path) -> None:
+    """Removes the lock files of dead processes, and their unfinished claims."""
+    folder = root / _LOCKS_FOLDER
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        path = folder / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if _try_lock(fd, fcntl.LOCK_EX) and _same_file(path, fd):
+                os.unlink(path)
+        finally:
+            os.close(fd)
+    for name in os.listdir(root):
+        if name.startswith(_CLAIM_PREFIX):
+            _remove_if_dead(root / name)
+
+
+class RunFolder:
+    """The private folder of one run, claimed for its name.
+
+    Use `RunFolder.claim`; `release` gives the name back and removes the
+    folder (only if it is still this run's).
 
     Attributes:
         name: The run's name.
@@ -166,11 +238,11 @@ class RunFolder:
             same name.
     """
 
-    def __init__(self, name: str, path: Path, run_id: str, lock_fd: int):
+    def __init__(self, name: str, path: Path, run_id: str):
         self.name = name
         self.path = path
         self.run_id = run_id
-        self._lock_fd = lock_fd
+        self._released = False
         self._write_lock = threading.Lock()
 
     @property
@@ -180,14 +252,16 @@ class RunFolder:
 
     @classmethod
     def claim(cls, name: str, root: Path | None = None) -> "RunFolder":
-        """Creates and locks the private folder of a new run named `name`.
+        """Creates the private folder of a new run named `name`, atomically:
+        the folder appears with its lock and first record (state
+        ``starting``), or not at all.
 
         Args:
             name: The run's name; see `validate_name`.
             root: The registry folder. Defaults to `registry_root()`.
 
         Returns:
-            The claimed folder, with a first record (state ``starting``).
+            The claimed folder.
 
         Raises:
             NameTakenError: If a live run already has this name.
@@ -197,28 +271,25 @@ class RunFolder:
         validate_name(name)
         root = ensure_private_dir(Path(root) if root else registry_root())
         folder = root / name
+        run_folder = cls(name, folder, uuid.uuid4().hex)
+        lock = _ProcessLock.path_for(root)
         for _attempt in range(_CLAIM_ATTEMPTS):
+            staging = Path(tempfile.mkdtemp(prefix=_CLAIM_PREFIX, dir=root))
+            os.link(lock, staging / LOCK_NAME)
+            write_json_atomic(staging / RECORD_NAME, run_folder._full_record({"state": RunState.STARTING.value}))
             try:
-                os.mkdir(folder, 0o700)
-            except FileExistsError:
-                check_private(folder, os.lstat(folder), kind="dir")
-            fd = _open_lock(folder, create=True)
-            if fd is None:
-                continue  # removed between mkdir and open: try again
-            if not _try_lock(fd, fcntl.LOCK_EX):
-                os.close(fd)
-                _take_over_ended(folder, name)
-                continue
-            if not _is_lock_at(folder, fd):
-                os.close(fd)  # a lister removed the folder meanwhile
-                continue
-            _clear_leftovers(folder)
-            break
+                if not os.path.lexists(folder):
+                    os.rename(staging, folder)  # fails if another claim got there first
+                    break
+            except OSError as error:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    _move_away(staging)
+                    raise
+            _move_away(staging)
+            check_private(folder, os.lstat(folder), kind="dir")
+            _free_name(folder, name)
         else:
             raise NameTakenError(f"Could not claim the name {name!r}: other processes keep taking it.")
-        os.chmod(folder, 0o700)
-        run_folder = cls(name, folder, uuid.uuid4().hex, fd)
-        run_folder.write_record({"state": RunState.STARTING.value})
         _claimed_in_this_process.add(run_folder)
         return run_folder
 
@@ -226,16 +297,18 @@ class RunFolder:
         """The fields every record of this run carries."""
         return {"name": self.name, "run_id": self.run_id, "pid": os.getpid()}
 
+    def _full_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        return {**record, **self.base_record(), "updated": time.time()}
+
     def write_record(self, record: dict[str, Any]) -> None:
         """Replaces the run's record atomically (thread-safe).
 
         Args:
             record: The fields to write; `base_record` fields are added.
         """
-        full = {**record, **self.base_record(), "updated": time.time()}
         with self._write_lock:
-            if self._lock_fd >= 0 and self.path.is_dir():
-                write_json_atomic(self.record_path, full)
+            if not self._released and self.path.is_dir():
+                write_json_atomic(self.record_path, self._full_record(record))
 
     def owns_folder(self) -> bool:
         """True while the folder on disk still belongs to this run."""
@@ -243,24 +316,25 @@ class RunFolder:
         return isinstance(record, dict) and record.get("run_id") == self.run_id
 
     def release(self) -> None:
-        """Removes the run's folder if it is still this run's, and unlocks.
-        Idempotent."""
+        """Removes the run's folder if it is still this run's. Idempotent."""
         _claimed_in_this_process.discard(self)
         with self._write_lock:
-            if self._lock_fd < 0:
+            if self._released:
                 return
+            self._released = True
             if self.owns_folder():
                 _move_away(self.path)
-            os.close(self._lock_fd)  # the lock goes with the descriptor
-            self._lock_fd = -1
 
 
-def _take_over_ended(folder: Path, name: str) -> None:
-    """The lock of `folder` is held: free the name if its run has ended.
+def _free_name(folder: Path, name: str) -> None:
+    """Frees the name held by `folder` if its run has ended or its process died.
 
     Raises:
-        NameTakenError: If the holder's run is still active (or starting).
+        NameTakenError: If the run there is still active.
     """
+    if not folder_is_live(folder):
+        _remove_if_dead(folder)
+        return
     record = read_json(folder / RECORD_NAME)
     state = record.get("state") if isinstance(record, dict) else None
     if state not in FINAL_STATES:
@@ -273,18 +347,7 @@ def _take_over_ended(folder: Path, name: str) -> None:
         if claimed.path == folder and claimed.owns_folder():
             claimed.release()  # an ended run of this process: let go of it now
             return
-    _move_away(folder)  # an ended run of another process: its lock goes with the folder
-
-
-def _clear_leftovers(folder: Path) -> None:
-    """Removes what a dead run left in a folder now ours (record, FIFO, inbox)."""
-    for entry in os.scandir(folder):
-        if entry.name == LOCK_NAME:
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            os.unlink(entry.path)
+    _move_away(folder)  # an ended run of a live process: its record goes
 
 
 _claimed_in_this_process: set[RunFolder] = set()
@@ -313,6 +376,8 @@ def list_runs(root: Path | None = None, *, clean: bool = True) -> list[dict[str,
         names = sorted(os.listdir(root))
     except FileNotFoundError:
         return []
+    if clean:
+        _remove_dead_locks(root)
     records = []
     for name in names:
         if name.startswith("."):

@@ -947,7 +947,11 @@ def test_twenty_runs_in_one_process_leave_nothing_behind(make_model, tiny_data, 
         assert callback.state == {"stop": "stopped", "abort": "aborted"}.get(word, "finished")
 
     wait_until(lambda: {t.ident for t in threading.enumerate()} <= threads, message="threads to end")
-    assert _fd_table() == fds
+    # By design the process keeps one descriptor: its registry lock, which
+    # keeps the records of its ended runs listed while it lives.
+    process_locks = {fd: path for fd, path in _fd_table().items() if "/traincontrol/.locks/" in path}
+    assert len(process_locks) == 1, process_locks
+    assert {fd: path for fd, path in _fd_table().items() if fd not in process_locks} == fds
     assert _handlers() == handlers
     assert [p for p in runtime_dir.rglob("*") if stat.S_ISFIFO(os.lstat(p).st_mode)] == []
     records = list_runs()

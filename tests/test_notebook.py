@@ -292,7 +292,7 @@ def test_twenty_runs_leave_nothing_behind(kernel):
     kernel.execute(f"{RUN}.panel.join(5); {RUN}.join(5)")
     leftovers = kernel.value(
         "[sorted(t.name for t in __import__('threading').enumerate() if t.name.startswith('traincontrol-') and t.name != 'traincontrol-interrupts'),"
-        " len(jupyter_traincontrol.run.active_runs()),"
+        " len(__import__('jupyter_traincontrol.notebook.run').notebook.run.active_runs()),"
         " type(__import__('sys').stdout).__name__,"
         " 'fit' in vars(__import__('keras').Model)]"
     )
