@@ -30,7 +30,7 @@ from pathlib import Path
 import keras
 
 from .checkpoint import CheckpointError, TrainingPosition
-from .commands import Command, RunState
+from .commands import Command, Request, RunState
 from .interrupt import SigintGuard
 from .lifecycle import RunLifecycle
 from .resume import Resumption, optimizer_step, resume_from_latest
@@ -97,11 +97,11 @@ class ControlCallback(keras.callbacks.Callback):
         self.lifecycle = lifecycle or RunLifecycle(name, checkpoint_dir, keep, channel_kind=channel_kind)
         self._lock = threading.RLock()
         self._appliers = {
-            Command.SAVE: lambda: self._checkpoint("save"),
+            Command.SAVE: self._save,
             Command.STOP: self._stop,
             Command.ABORT: self._abort,
             Command.PAUSE: self._hold,
-            Command.RESUME: lambda: self.lifecycle.log("info", "The run is not paused; 'resume' ignored."),
+            Command.RESUME: lambda _request: _ignored(self.lifecycle, "The run is not paused; 'resume' ignored."),
         }
         self._reset()
 
@@ -133,7 +133,7 @@ class ControlCallback(keras.callbacks.Callback):
         """``stop`` or ``abort`` if that command ended the last (or current) `fit`."""
         return self._ended_by
 
-    def send(self, command: str | Command) -> Command:
+    def send(self, command: str | Command | Request) -> Request:
         """Sends a command to the run (from any thread), like any writer."""
         return self.lifecycle.send(command)
 
@@ -149,6 +149,8 @@ class ControlCallback(keras.callbacks.Callback):
         self._epoch = 0
         self._step = 0
         self._mid_epoch = False  # True while applying commands after a training batch
+        self._boundary = 0  # counts batch boundaries: saves at one boundary are one checkpoint
+        self._last_save: tuple[int, str] | None = None  # (boundary, what the save wrote)
         self._ended_by: Command | None = None
         self._interrupted = False
         self._stopped_mid_epoch = False
@@ -207,6 +209,7 @@ class ControlCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         # The hot path: plain assignments and one flag check.
+        self._boundary += 1
         self._step = batch + 1
         lifecycle = self.lifecycle
         lifecycle.step = self._step
@@ -240,23 +243,36 @@ class ControlCallback(keras.callbacks.Callback):
         if channel is None or not channel.pending:
             return
         self._mid_epoch = mid_epoch
-        while (command := channel.pop()) is not None:
-            self._apply(command)
+        while (request := channel.pop()) is not None:
+            self._apply(request)
+        self.lifecycle.publish(force=True)  # once for the lot: senders see their acks now
 
-    def _apply(self, command: Command) -> None:
-        self.lifecycle.log("command", f"{command} received")
-        self._appliers[command]()
+    def _apply(self, request: Request) -> None:
+        """Applies one request and acknowledges it (each applier returns its
+        outcome, or None when it acknowledged the request itself)."""
+        lifecycle = self.lifecycle
+        lifecycle.log("command", f"{request.command} received")
+        answer = self._appliers[request.command](request)
+        if answer is not None:
+            lifecycle.acknowledge(request, *answer)
 
-    def _stop(self) -> None:
+    def _save(self, _request: Request) -> tuple[str, str]:
+        if self._last_save is not None and self._last_save[0] == self._boundary:
+            return "applied", f"merged with the save just taken: {self._last_save[1]}"
+        return self._checkpoint("save")
+
+    def _stop(self, _request: Request) -> tuple[str, str]:
         if self._ended_by is not None:
-            self.lifecycle.log("info", "Already stopping; 'stop' ignored.")
-            return
-        self._checkpoint("interrupt" if self._interrupted else "stop")
+            return _ignored(self.lifecycle, "Already stopping; 'stop' ignored.")
+        outcome, message = self._checkpoint("interrupt" if self._interrupted else "stop")
         self._end_fit(Command.STOP)
+        return outcome, message if outcome == "applied" else f"stopping without a checkpoint: {message}"
 
-    def _abort(self) -> None:
-        if self._ended_by is not Command.ABORT:
-            self._end_fit(Command.ABORT)
+    def _abort(self, _request: Request) -> tuple[str, str]:
+        if self._ended_by is Command.ABORT:
+            return _ignored(self.lifecycle, "Already aborting; 'abort' ignored.")
+        self._end_fit(Command.ABORT)
+        return "applied", "aborting without a checkpoint"
 
     def _end_fit(self, command: Command) -> None:
         steps = self.lifecycle.steps
@@ -265,23 +281,27 @@ class ControlCallback(keras.callbacks.Callback):
         self.model.stop_training = True
         self.lifecycle.set_state(RunState.STOPPING)
 
-    def _hold(self) -> None:
+    def _hold(self, pause: Request) -> None:
         """Pauses the training thread here until ``resume``, ``stop`` or ``abort``."""
         lifecycle, channel = self.lifecycle, self._channel
         lifecycle.set_state(RunState.PAUSED)
+        lifecycle.acknowledge(pause, "applied", "paused")
         self._say(f"Run {lifecycle.name!r} paused; send 'resume' to go on.")
-        while True:
-            command = channel.get(_PAUSE_POLL_SECONDS)
-            if command is None:
+        lifecycle.publish(force=True)
+        while self._channel is not None:  # None once the run was ended meanwhile
+            request = channel.get(_PAUSE_POLL_SECONDS)
+            if request is None:
                 continue
-            if command is Command.RESUME:
+            if request.command is Command.RESUME:
                 lifecycle.log("command", "resume received")
                 lifecycle.set_state(RunState.RUNNING)
+                lifecycle.acknowledge(request, "applied", "resumed")
                 return
-            if command is Command.PAUSE:
-                lifecycle.log("info", "Already paused; 'pause' ignored.")
-                continue
-            self._apply(command)
+            if request.command is Command.PAUSE:
+                lifecycle.acknowledge(request, *_ignored(lifecycle, "Already paused; 'pause' ignored."))
+            else:
+                self._apply(request)
+            lifecycle.publish(force=True)  # the sender sees its ack now
             if self._ended_by is not None:
                 return
 
@@ -299,7 +319,8 @@ class ControlCallback(keras.callbacks.Callback):
             epoch_complete=complete,
         )
 
-    def _checkpoint(self, reason: str) -> None:
+    def _checkpoint(self, reason: str) -> tuple[str, str]:
+        """Writes a checkpoint. Returns the outcome and what it wrote (or why not)."""
         lifecycle = self.lifecycle
         position = self._position()
         try:
@@ -309,10 +330,12 @@ class ControlCallback(keras.callbacks.Callback):
         except CheckpointError as error:
             lifecycle.log("error", str(error))
             self._say(str(error), stream=sys.stderr)
-            return
+            return "failed", str(error)
         lifecycle.global_step = position.global_step
         lifecycle.add_checkpoint(checkpoint)
+        self._last_save = (self._boundary, str(checkpoint.path))
         self._say(f"Checkpoint ({reason}) written: {checkpoint.path}")
+        return "applied", f"checkpoint written: {checkpoint.path}"
 
     # Interrupts ------------------------------------------------------------
 
@@ -384,6 +407,12 @@ class _FitWatchdog:
             frame = frame.f_back
         self._frame = None
         self._on_lost()
+
+
+def _ignored(lifecycle: RunLifecycle, message: str) -> tuple[str, str]:
+    """Logs why a request changed nothing, and says so as its outcome."""
+    lifecycle.log("info", message)
+    return "ignored", message
 
 
 def _find_fit_frame(model):

@@ -18,7 +18,7 @@ Example:
 
 >>> channel = open_channel(run_folder, on_rejected=print)  # doctest: +SKIP
 >>> send_command(channel.address, "save")                   # doctest: +SKIP
->>> channel.pop()                                           # doctest: +SKIP
+>>> channel.pop().command                                   # doctest: +SKIP
 <Command.SAVE: 'save'>
 """
 
@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from .commands import Command, LineDecoder, Rejected, parse_command
+from .commands import Command, LineDecoder, Rejected, Request, parse_request
 from .private_fs import UnsafePathError, check_private
 
 __all__ = [
@@ -102,7 +102,7 @@ class CommandChannel:
         self._health_check_seconds = health_check_seconds
         self._on_rejected = on_rejected or (lambda rejected: None)
         self._on_notice = on_notice or (lambda text: None)
-        self._queue: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._thread = threading.Thread(
             target=self._run_reader, name=f"traincontrol-reader-{name}", daemon=True
@@ -118,28 +118,28 @@ class CommandChannel:
         """True when a command waits. Cheap enough for every batch."""
         return not self._queue.empty()
 
-    def pop(self) -> Command | None:
-        """Takes the oldest waiting command, or returns None."""
+    def pop(self) -> Request | None:
+        """Takes the oldest waiting request, or returns None."""
         try:
             return self._queue.get_nowait()
         except queue.Empty:
             return None
 
-    def get(self, timeout: float | None) -> Command | None:
-        """Takes the oldest command, waiting up to `timeout` seconds for one.
+    def get(self, timeout: float | None) -> Request | None:
+        """Takes the oldest request, waiting up to `timeout` seconds for one.
 
         Returns:
-            The command, or None if none came in time.
+            The request, or None if none came in time.
         """
         try:
             return self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
 
-    def inject(self, command: Command) -> None:
-        """Queues a command directly, for an in-process sender whose write
+    def inject(self, request: Request | Command) -> None:
+        """Queues a request directly, for an in-process sender whose write
         to the channel failed."""
-        self._queue.put(command)
+        self._queue.put(parse_request(request))
 
     def start(self) -> "CommandChannel":
         """Starts the reader thread. Returns self."""
@@ -156,10 +156,10 @@ class CommandChannel:
             self._thread.join()
         self._release()
 
-    def _deliver(self, results: list[Command | Rejected]) -> None:
+    def _deliver(self, results: list[Request | Rejected]) -> None:
         for result in results:
-            if isinstance(result, Command):
-                self.inject(result)
+            if isinstance(result, Request):
+                self._queue.put(result)
             else:
                 self._on_rejected(result)
 
@@ -367,36 +367,40 @@ def open_channel(folder: Path, kind: str | None = None, **kwargs) -> CommandChan
     return classes[kind](folder, **kwargs).start()
 
 
-def send_command(address: str | os.PathLike, command: str | Command) -> Command:
+def send_command(address: str | os.PathLike, request: str | Command | Request) -> Request:
     """Delivers one command to a channel without ever blocking.
 
     Args:
         address: A FIFO path, or the inbox folder of a spool channel.
-        command: A command word, for example ``"stop"``.
+        request: A command line, for example ``"stop"`` or ``"save #a1"``,
+            or a `Command` or `Request`.
 
     Returns:
-        The command delivered.
+        The request delivered.
 
     Raises:
-        UnknownCommandError: If `command` is not a command.
+        UnknownCommandError: If `request` is not a valid request.
         NotListeningError: If no run listens there any more.
-        UnsafePathError: If `address` is not a private FIFO or folder of ours.
+        UnsafePathError: If `address` is not a private FIFO or folder of
+            ours (it is refused without being opened).
         ChannelError: If the command could not be written.
     """
-    command = parse_command(command)
+    request = parse_request(request)
     address = Path(address)
     try:
         st = os.lstat(address)
     except FileNotFoundError:
         raise NotListeningError(f"No channel at {address}: the run is not listening.") from None
     if stat.S_ISDIR(st.st_mode):
-        _send_to_spool(address, command)
+        _send_to_spool(address, request)
+    elif stat.S_ISFIFO(st.st_mode):
+        _send_to_fifo(address, request)
     else:
-        _send_to_fifo(address, command)
-    return command
+        check_private(address, st, kind="fifo")  # raises: a file, a symlink, a device, ...
+    return request
 
 
-def _send_to_fifo(path: Path, command: Command) -> None:
+def _send_to_fifo(path: Path, request: Request) -> None:
     flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
@@ -408,7 +412,7 @@ def _send_to_fifo(path: Path, command: Command) -> None:
         raise ChannelError(f"Cannot open {path} for writing: {error.strerror}.") from None
     try:
         check_private(path, os.fstat(fd), kind="fifo")
-        line = command.encode_line()
+        line = request.encode_line()
         try:
             written = os.write(fd, line)  # one write of < PIPE_BUF bytes: atomic
         except BlockingIOError:
@@ -419,14 +423,14 @@ def _send_to_fifo(path: Path, command: Command) -> None:
         os.close(fd)
 
 
-def _send_to_spool(inbox: Path, command: Command) -> None:
+def _send_to_spool(inbox: Path, request: Request) -> None:
     check_private(inbox, os.lstat(inbox), kind="dir")
     stem = f"{time.time_ns():020d}-{uuid.uuid4().hex}"
     tmp = inbox / f"{stem}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(tmp, flags, 0o600)
     try:
-        os.write(fd, command.encode_line())
+        os.write(fd, request.encode_line())
     finally:
         os.close(fd)
     os.replace(tmp, inbox / f"{stem}.cmd")

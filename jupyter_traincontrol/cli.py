@@ -4,28 +4,31 @@ Also reachable as ``jupyter traincontrol``. It reads run records and writes
 FIFOs only, and never imports Keras, so it answers in milliseconds.
 
 Exit codes: 0 done; 2 bad usage or unknown command; 3 no such run; 4 the
-run no longer listens (ended, or its process is gone); 5 the command could
-not be delivered or, with ``--wait``, was not seen acted on in time.
+run no longer listens (it ended, or its process is gone, also while
+``--wait`` waited); 5 the command could not be delivered; 6 the run could
+not carry the command out (``--wait``: a save that could not be written);
+7 ``--wait`` timed out before the run acknowledged the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any, Sequence
 
 from . import __version__
 from .channel import ChannelError, NotListeningError
-from .client import public_record, send, wait_for_effect
+from .client import CommandFailedError, public_record, send, wait_for_ack
 from .commands import COMMAND_HELP, COMMAND_NAMES, UnknownCommandError
 from .private_fs import UnsafePathError
 from .registry import RunNotFoundError, list_runs
 
 __all__ = ["main", "format_table"]
 
-EXIT_USAGE, EXIT_NO_RUN, EXIT_NOT_LISTENING, EXIT_NOT_DELIVERED = 2, 3, 4, 5
+EXIT_USAGE, EXIT_NO_RUN, EXIT_NOT_LISTENING, EXIT_NOT_DELIVERED, EXIT_FAILED, EXIT_TIMEOUT = 2, 3, 4, 5, 6, 7
 
 
 def _age(started: Any, now: float) -> str:
@@ -46,8 +49,10 @@ def _fraction(done: Any, total: Any) -> str:
 
 
 def _loss(metrics: Any) -> str:
-    value = metrics.get("loss") if isinstance(metrics, dict) else None
-    return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
+    if not isinstance(metrics, dict) or "loss" not in metrics:
+        return "-"
+    value = metrics["loss"]
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "nan"  # NaN and infinities are null in JSON
 
 
 def format_table(records: Sequence[dict[str, Any]], now: float | None = None) -> str:
@@ -82,9 +87,8 @@ def _command_list(args: argparse.Namespace) -> int:
 
 
 def _command_send(args: argparse.Namespace) -> int:
-    since = time.time()
     try:
-        command = send(args.name, args.command)
+        request = send(args.name, args.command)
     except UnknownCommandError as error:
         return _fail(str(error), EXIT_USAGE)
     except RunNotFoundError as error:
@@ -94,14 +98,29 @@ def _command_send(args: argparse.Namespace) -> int:
     except (ChannelError, UnsafePathError) as error:
         return _fail(str(error), EXIT_NOT_DELIVERED)
     if args.wait is None:
-        print(f"Sent {command} to {args.name}.")
+        print(f"Sent {request} to {args.name}.")
         return 0
     try:
-        outcome = wait_for_effect(args.name, command, since, args.wait)
+        ack = wait_for_ack(args.name, request, args.wait)
+    except NotListeningError as error:
+        return _fail(str(error), EXIT_NOT_LISTENING)
+    except CommandFailedError as error:
+        return _fail(str(error), EXIT_FAILED)
     except TimeoutError as error:
-        return _fail(str(error), EXIT_NOT_DELIVERED)
-    print(f"Sent {command} to {args.name}: {outcome}.")
+        return _fail(str(error), EXIT_TIMEOUT)
+    print(f"Sent {request} to {args.name}: {ack['message']}.")
     return 0
+
+
+def _seconds(text: str) -> float:
+    """``--wait``'s argument: a number of seconds, not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text[:80]!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds of at least 0, got {text[:80]!r}")
+    return value
 
 
 def _fail(message: str, code: int) -> int:
@@ -139,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     send_parser.add_argument("name", help="the run's name, as `list` shows it")
     send_parser.add_argument("command", metavar="command", help=f"one of: {', '.join(COMMAND_NAMES)}")
     send_parser.add_argument(
-        "--wait", nargs="?", type=float, const=60.0, default=None, metavar="SECONDS",
-        help="wait until the run has acted on the command (default at most 60 s)",
+        "--wait", nargs="?", type=_seconds, const=60.0, default=None, metavar="SECONDS",
+        help="wait until the run has acknowledged the command (default at most 60 s)",
     )
     send_parser.set_defaults(handler=_command_send)
     return parser

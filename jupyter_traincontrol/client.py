@@ -7,86 +7,129 @@ registry and the channel, this module never imports Keras.
 
 Example:
 
->>> send("mnist", "stop")                        # doctest: +SKIP
-<Command.STOP: 'stop'>
->>> wait_for_effect("mnist", Command.STOP, since, timeout=60)   # doctest: +SKIP
-'state stopped'
+>>> request = send("mnist", "stop")                  # doctest: +SKIP
+>>> wait_for_ack("mnist", request, timeout=60)["outcome"]   # doctest: +SKIP
+'applied'
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
-from .channel import NotListeningError, send_command
-from .commands import FINAL_STATES, Command, RunState, parse_command
+from .channel import FIFO_NAME, INBOX_NAME, NotListeningError, send_command
+from .commands import FINAL_STATES, Command, Request, parse_request
 from .registry import RunNotFoundError, find_run, list_runs
 
-__all__ = ["send", "wait_for_effect", "public_record", "public_records", "find_run", "RunNotFoundError"]
+__all__ = [
+    "send",
+    "wait_for_ack",
+    "channel_address",
+    "public_record",
+    "public_records",
+    "find_run",
+    "CommandFailedError",
+    "RunNotFoundError",
+]
 
-_WAIT_POLL_SECONDS = 0.1
-_PRIVATE_FIELDS = ("pid_start",)
+_WAIT_POLL_SECONDS = 0.05
+_PRIVATE_FIELDS = ("folder",)
+_CHANNEL_FILES = {"fifo": FIFO_NAME, "spool": INBOX_NAME}
 
 
-def send(name: str, command: str | Command) -> Command:
-    """Sends `command` to the listed run called `name`.
+class CommandFailedError(RuntimeError):
+    """The run took the command but could not carry it out (a save that
+    could not be written, say)."""
+
+
+def send(name: str, command: str | Command | Request) -> Request:
+    """Sends `command` to the listed run called `name`, with a fresh request id.
 
     Args:
         name: The run's name, as `jupyter-traincontrol list` shows it.
-        command: One of ``stop``, ``save``, ``abort``, ``pause``, ``resume``.
+        command: One of ``stop``, ``save``, ``abort``, ``pause``, ``resume``
+            (a word, a `Command` or a `Request`).
 
     Returns:
-        The command delivered.
+        The request delivered; `wait_for_ack` follows it by its id.
 
     Raises:
         UnknownCommandError: If `command` is not a command.
-        RunNotFoundError: If no live process lists a run of that name.
-        NotListeningError: If the run has ended or its channel is gone.
+        RunNotFoundError: If no run of that name is listed.
+        NotListeningError: If the run has ended, or its process is gone.
         ChannelError: If the command could not be written.
         UnsafePathError: If the run's channel is not a private one of ours.
     """
-    command = parse_command(command)
+    request = parse_request(command)
+    if request.request_id is None:
+        request = dataclasses.replace(request, request_id=uuid.uuid4().hex[:12])
     record = find_run(name)
-    address = record.get("address")
-    if record.get("state") in FINAL_STATES or not address:
-        raise NotListeningError(f"Run {name!r} has ended ({record.get('state')}); it takes no more commands.")
+    address = channel_address(record)
+    if not record.get("live", True):
+        raise NotListeningError(f"Run {_shown(name)!r} is no longer listening: its process is gone.")
+    if record.get("state") in FINAL_STATES or address is None:
+        raise NotListeningError(f"Run {_shown(name)!r} has ended ({record.get('state')}); it takes no more commands.")
     try:
-        send_command(address, command)
+        send_command(address, request)
     except NotListeningError:
-        raise NotListeningError(f"Run {name!r} is not listening any more (its channel {address} has no reader).") from None
-    return command
+        raise NotListeningError(f"Run {_shown(name)!r} is not listening any more (its channel {address} has no reader).") from None
+    return request
 
 
-def wait_for_effect(name: str, command: Command, since: float, timeout: float) -> str:
-    """Polls the run's record until it shows `command` acted on.
+def channel_address(record: dict[str, Any]) -> Path | None:
+    """Where to write to the run of `record`: always inside its own run
+    folder, whatever path the record names (a record is outside data)."""
+    kind = record.get("channel")
+    folder = record.get("folder")
+    if kind not in _CHANNEL_FILES or not isinstance(folder, str):
+        return None
+    return Path(folder) / _CHANNEL_FILES[kind]
+
+
+def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
+    """Waits until the run acknowledges `request` (by its id) in its record.
 
     Args:
         name: The run's name.
-        command: The command sent.
-        since: When it was sent (``time.time()``); earlier events do not count.
+        request: The request as `send` returned it.
         timeout: Seconds to wait at most.
 
     Returns:
-        What was seen, in a few words (``"state stopped"``, ``"the run is gone"``).
+        The acknowledgement: ``{"id", "command", "outcome", "message", "time"}``
+        with outcome ``applied`` or ``ignored``.
 
     Raises:
-        TimeoutError: If no effect was seen within `timeout`.
+        CommandFailedError: If the run could not carry it out.
+        NotListeningError: If the run ended or died before applying it.
+        TimeoutError: If no acknowledgement came within `timeout`.
     """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         try:
             record = find_run(name)
         except RunNotFoundError:
-            return "the run is gone"
-        seen = any(
-            event.get("kind") == "command" and event.get("message") == f"{command} received" and event.get("time", 0) >= since
-            for event in record.get("events", [])
-        )
-        state = record.get("state")
-        if state in FINAL_STATES or (seen and state != RunState.STOPPING):
-            return f"state {state}"
+            raise NotListeningError(f"Run {_shown(name)!r} is gone; it never applied {request}.") from None
+        ack = next((a for a in record.get("acks") or [] if isinstance(a, dict) and a.get("id") == request.request_id), None)
+        if ack is not None:
+            if ack.get("outcome") == "failed":
+                raise CommandFailedError(f"Run {_shown(name)!r} could not carry out {request}: {ack.get('message')}")
+            return ack
+        if not record.get("live", True):
+            raise NotListeningError(f"Run {_shown(name)!r} died before applying {request}.")
+        if record.get("state") in FINAL_STATES:
+            raise NotListeningError(f"Run {_shown(name)!r} ended ({record.get('state')}) before applying {request}.")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"Sent {request} to run {_shown(name)!r}, but it did not acknowledge it within {timeout:g} s.")
         time.sleep(_WAIT_POLL_SECONDS)
-    raise TimeoutError(f"Sent {command!r} to run {name!r}, but saw no effect within {timeout:g} s.")
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """User input as quoted in messages: at most `limit` characters."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def public_record(record: dict[str, Any]) -> dict[str, Any]:

@@ -14,13 +14,14 @@ Example:
 >>> decoder.feed(b"sto")
 []
 >>> decoder.feed(b"p\\nbogus\\n")
-[<Command.STOP: 'stop'>, Rejected(text='bogus', reason="Unknown command 'bogus'. Expected one of: stop, save, abort, pause, resume.")]
+[Request(command=<Command.STOP: 'stop'>, args=(), request_id=None), Rejected(text='bogus', reason="Unknown command 'bogus'. Expected one of: stop, save, abort, pause, resume.")]
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 
 __all__ = [
     "Command",
@@ -32,13 +33,16 @@ __all__ = [
     "allowed_commands",
     "UnknownCommandError",
     "Rejected",
+    "Request",
     "LineDecoder",
     "parse_command",
+    "parse_request",
     "MAX_LINE_BYTES",
 ]
 
 #: Longest line the decoder accepts. Longer lines are rejected whole.
 MAX_LINE_BYTES = 256
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 
 
 class Command(str, enum.Enum):
@@ -162,7 +166,7 @@ def parse_command(text: str | Command) -> Command:
         return text
     if not isinstance(text, str):
         raise UnknownCommandError(
-            f"Expected a command as text, got {type(text).__name__}: {text!r}."
+            f"Expected a command as text, got {type(text).__name__}: {_shorten(repr(text))}."
         )
     word = text.strip().lower()
     try:
@@ -172,6 +176,73 @@ def parse_command(text: str | Command) -> Command:
             f"Unknown command {_shorten(text.strip())!r}. "
             f"Expected one of: {', '.join(COMMAND_NAMES)}."
         ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One command as sent: the command, its arguments, and an optional id.
+
+    On the wire it is one line, ``WORD [ARGUMENT ...] [#ID]``: ``stop``,
+    ``save #k3x9``. A sender that wants to know what became of its command
+    gives it an id; the run acknowledges that id in its record (see
+    `lifecycle.RunLifecycle.acknowledge`).
+
+    Attributes:
+        command: The command.
+        args: Its arguments (none for the commands of today).
+        request_id: 1-32 letters, digits, ``_`` or ``-``; or None.
+    """
+
+    command: Command
+    args: tuple[str, ...] = ()
+    request_id: str | None = None
+
+    def __str__(self) -> str:
+        return " ".join([self.command.value, *self.args])
+
+    def encode_line(self) -> bytes:
+        """The request as one line of the wire format."""
+        tail = f" #{self.request_id}" if self.request_id else ""
+        return f"{self}{tail}\n".encode("utf-8")
+
+
+def parse_request(text: str | Command | Request) -> Request:
+    """Parses one line of the wire format (without its newline).
+
+    Args:
+        text: For example ``"stop"``, ``"save #a1"``, or a `Command`.
+
+    Returns:
+        The `Request`.
+
+    Raises:
+        UnknownCommandError: If the line is not a valid request; the message
+            says what was received and what is expected.
+    """
+    if isinstance(text, Request):
+        return text
+    if isinstance(text, Command):
+        return Request(text)
+    if not isinstance(text, str):
+        parse_command(text)  # raises the error for a non-text command
+    words = text.split()
+    if not words:
+        raise UnknownCommandError(f"Empty command. Expected one of: {', '.join(COMMAND_NAMES)}.")
+    request_id = None
+    if words[-1].startswith("#"):
+        request_id = words.pop()[1:]
+        if not _REQUEST_ID.match(request_id):
+            raise UnknownCommandError(
+                f"Invalid request id {_shorten(request_id)!r}: expected 1-32 letters, digits, '_' or '-' after '#'."
+            )
+        if not words:
+            raise UnknownCommandError(f"A request id without a command. Expected one of: {', '.join(COMMAND_NAMES)}.")
+    command = parse_command(words[0])
+    if len(words) > 1:
+        raise UnknownCommandError(
+            f"'{command}' takes no arguments, got {_shorten(' '.join(words[1:]))!r}."
+        )
+    return Request(command, (), request_id)
 
 
 def _shorten(text: str, limit: int = 40) -> str:
@@ -195,7 +266,7 @@ class LineDecoder:
         self._discarding = False
         self._discarded = 0
 
-    def feed(self, data: bytes) -> list[Command | Rejected]:
+    def feed(self, data: bytes) -> list[Request | Rejected]:
         """Decodes a chunk of bytes.
 
         Args:
@@ -205,7 +276,7 @@ class LineDecoder:
             The commands and rejections of the lines completed by `data`, in
             order. An incomplete last line is kept for the next call.
         """
-        results: list[Command | Rejected] = []
+        results: list[Request | Rejected] = []
         self._earlier = len(self._pending)
         start = 0
         while True:
@@ -218,7 +289,7 @@ class LineDecoder:
             self._earlier = 0
             start = end + 1
 
-    def flush(self) -> list[Command | Rejected]:
+    def flush(self) -> list[Request | Rejected]:
         """Decodes what is left when the writer is gone, without a newline."""
         results = self._finish_line()
         self._earlier = 0
@@ -234,7 +305,7 @@ class LineDecoder:
             self._discarded = len(self._pending)
             self._pending.clear()
 
-    def _finish_line(self) -> list[Command | Rejected]:
+    def _finish_line(self) -> list[Request | Rejected]:
         if self._discarding:
             size, self._discarding, self._discarded = self._discarded, False, 0
             return [
@@ -256,7 +327,7 @@ class LineDecoder:
         # a writer that died mid-line followed by a healthy one: keep the
         # healthy command rather than losing it with the remnant.
         tail = _decode_line(raw[self._earlier :])
-        if not isinstance(tail, Command):
+        if not isinstance(tail, Request):
             return [result]
         remnant = raw[: self._earlier].decode("utf-8", "backslashreplace")
         return [
@@ -272,7 +343,7 @@ def _printable(text: str) -> str:
     return _shorten(text.strip().encode("unicode_escape").decode("ascii"))
 
 
-def _decode_line(raw: bytes) -> Command | Rejected | None:
+def _decode_line(raw: bytes) -> Request | Rejected | None:
     """Decodes one line without its newline; None for a blank line."""
     if not raw.strip():
         return None
@@ -284,6 +355,6 @@ def _decode_line(raw: bytes) -> Command | Rejected | None:
             reason="Line is not valid UTF-8; ignored.",
         )
     try:
-        return parse_command(text)
+        return parse_request(text)
     except UnknownCommandError as error:
         return Rejected(text=_printable(text), reason=str(error))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import sys
 import threading
@@ -30,7 +31,7 @@ from typing import Any, Callable
 
 from .channel import ChannelError, CommandChannel, NotListeningError, open_channel, send_command
 from .checkpoint import Checkpoint, CheckpointStore
-from .commands import FINAL_STATES, Command, Rejected, RunState, allowed_commands, parse_command
+from .commands import FINAL_STATES, Command, Rejected, Request, RunState, allowed_commands, parse_request
 from .registry import NameTakenError, RunFolder, unique_name, validate_name
 
 __all__ = ["RunLifecycle", "RunEvent"]
@@ -39,6 +40,7 @@ logger = logging.getLogger("jupyter_traincontrol")
 
 _PUBLISH_INTERVAL_SECONDS = 0.5
 _EVENTS_KEPT = 50
+_ACKS_KEPT = 50
 
 Listener = Callable[["RunLifecycle", "RunEvent | None"], None]
 
@@ -94,6 +96,7 @@ class RunLifecycle:
         self._state = RunState.STARTING
         self._state_lock = threading.RLock()
         self.events: collections.deque[RunEvent] = collections.deque(maxlen=_EVENTS_KEPT)
+        self.acks: collections.deque[dict[str, Any]] = collections.deque(maxlen=_ACKS_KEPT)
         self.error: str | None = None
         self.started: float | None = None
         self.ended: float | None = None
@@ -144,6 +147,7 @@ class RunLifecycle:
         self.started, self.ended, self.error = time.time(), None, None
         self._state = RunState.STARTING
         self.events.clear()
+        self.acks.clear()
         self._reset_progress()
         try:
             self.channel = open_channel(
@@ -241,6 +245,23 @@ class RunLifecycle:
         self._notify(event)
         return event
 
+    def acknowledge(self, request: Request, outcome: str, message: str) -> None:
+        """Says what became of a request with an id: records ``{"id",
+        "command", "outcome", "message", "time"}`` in the record's ``acks``
+        for its sender to find (published with the next `publish`).
+
+        Args:
+            request: The request.
+            outcome: ``applied``, ``ignored`` (it changed nothing, the
+                message says why) or ``failed``.
+            message: One line for a person.
+        """
+        if request.request_id is not None:
+            self.acks.append(
+                {"id": request.request_id, "command": str(request), "outcome": outcome, "message": message, "time": time.time()}
+            )
+            self.touch()
+
     def add_listener(self, listener: Listener) -> None:
         """Calls `listener(lifecycle, event)` on each event, and with None on
         progress (from the publisher thread, at most about twice a second)."""
@@ -324,9 +345,10 @@ class RunLifecycle:
             "step": self.step,
             "steps": self.steps,
             "global_step": self.global_step,
-            "metrics": dict(self.metrics),
-            "history": list(self.epoch_history[-200:]),
+            "metrics": _finite_numbers(self.metrics),
+            "history": [_finite_numbers(entry) for entry in self.epoch_history[-200:]],
             "events": list(self.events)[-20:],
+            "acks": list(self.acks),
             "error": self.error,
             "started": self.started,
             "ended": self.ended,
@@ -358,31 +380,45 @@ class RunLifecycle:
 
     # Commands --------------------------------------------------------------
 
-    def send(self, command: str | Command) -> Command:
+    def send(self, command: str | Command | Request) -> Request:
         """Sends a command to this run through its channel, like any writer.
 
         Args:
-            command: A command word.
+            command: A command line (``"stop"``, ``"save #id"``), `Command`
+                or `Request`.
 
         Returns:
-            The command sent.
+            The request sent.
 
         Raises:
             UnknownCommandError: If `command` is not a command.
             NotListeningError: If the run has ended.
         """
-        command = parse_command(command)
+        request = parse_request(command)
         channel = self.channel
         if channel is None:
             raise NotListeningError(f"Run {self.name!r} is {self.state}; it takes no more commands.")
         try:
-            send_command(channel.address, command)
+            send_command(channel.address, request)
         except ChannelError as error:
             # The FIFO could not take it (deleted this instant, say): queue it
             # directly, so an in-process sender is never lost.
-            channel.inject(command)
-            self.log("warning", f"Delivered {command} directly: {error}")
-        return command
+            channel.inject(request)
+            self.log("warning", f"Delivered {request} directly: {error}")
+        return request
+
+
+def _finite_numbers(values: dict[str, Any]) -> dict[str, float | None]:
+    """Metrics as JSON can carry them: NaN and infinities become None (null),
+    and what is not a number is left out."""
+    plain: dict[str, float | None] = {}
+    for key, value in values.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        plain[str(key)] = number if math.isfinite(number) else None
+    return plain
 
 
 def _as_state(state: RunState | str) -> RunState:

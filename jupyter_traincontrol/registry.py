@@ -27,6 +27,9 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
+import json
+import logging
+import math
 import os
 import re
 import shutil
@@ -52,7 +55,10 @@ __all__ = [
     "validate_name",
     "unique_name",
     "folder_is_live",
+    "validate_record",
 ]
+
+logger = logging.getLogger("jupyter_traincontrol")
 
 RECORD_NAME = "run.json"
 LOCK_NAME = "lock"
@@ -337,11 +343,12 @@ def _free_name(folder: Path, name: str) -> None:
         return
     record = read_json(folder / RECORD_NAME)
     state = record.get("state") if isinstance(record, dict) else None
-    if state not in FINAL_STATES:
+    if not (isinstance(state, str) and state in FINAL_STATES):
         pid = record.get("pid") if isinstance(record, dict) else None
         shown = state if isinstance(state, str) and state in ACTIVE_STATES else "starting"
         raise NameTakenError(
-            f"A run named {name!r} is already {shown} (pid {pid}). Choose another name, or stop that run first."
+            f"A run named {name!r} is already {shown} (pid {_shorten(repr(pid))}). "
+            "Choose another name, or stop that run first."
         )
     for claimed in list(_claimed_in_this_process):
         if claimed.path == folder and claimed.owns_folder():
@@ -362,13 +369,18 @@ def _release_all_at_exit() -> None:
 def list_runs(root: Path | None = None, *, clean: bool = True) -> list[dict[str, Any]]:
     """Reads the records of all listed runs, oldest first.
 
+    A record that is not what a run writes (truncated, hand-edited, hostile)
+    is skipped, and reported once in one line (logger
+    ``jupyter_traincontrol``); every other run is listed as usual.
+
     Args:
         root: The registry folder. Defaults to `registry_root()`.
         clean: Remove the folders of runs whose process is gone.
 
     Returns:
-        One record (a dict) per run, with ``live`` added: False once the
-        run's process is gone (only seen with ``clean=False``).
+        One record (a dict) per run, with ``live`` (False once the run's
+        process is gone, only seen with ``clean=False``) and ``folder`` (the
+        run's folder, as found here) added.
     """
     root = Path(root) if root else registry_root()
     try:
@@ -382,29 +394,67 @@ def list_runs(root: Path | None = None, *, clean: bool = True) -> list[dict[str,
     for name in names:
         if name.startswith("."):
             continue
-        folder = root / name
-        live = folder_is_live(folder)
-        if not live and clean and _remove_if_dead(folder):
-            continue
-        record = read_json(folder / RECORD_NAME)
-        if not isinstance(record, dict):
-            continue
-        record["live"] = live
-        records.append(record)
+        record = _read_run(root / name, clean=clean)
+        if record is not None:
+            records.append(record)
     return sorted(records, key=lambda record: record.get("started") or 0)
 
 
+def _read_run(folder: Path, *, clean: bool) -> dict[str, Any] | None:
+    """The validated record of the run in `folder`, or None (gone, removed
+    because dead, or malformed)."""
+    try:
+        check_private(folder, os.lstat(folder), kind="dir")
+        live = folder_is_live(folder)
+        if not live and clean and _remove_if_dead(folder):
+            return None
+        raw = _read_record_text(folder / RECORD_NAME)
+    except FileNotFoundError:
+        return None
+    except OSError as error:  # a planted symlink, someone else's folder, an I/O error
+        _report_once(folder, f"Skipping {folder}: {error}")
+        return None
+    if raw is None:
+        return None
+    record, problem = validate_record(raw, folder.name)
+    if record is None:
+        _report_once(folder / RECORD_NAME, f"Skipping the malformed run record {folder / RECORD_NAME}: {problem}")
+        return None
+    record["live"] = live
+    record["folder"] = str(folder)
+    return record
+
+
+def _read_record_text(path: Path) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(_MAX_RECORD_BYTES + 1)
+    return data.decode("utf-8", "replace")
+
+
 def find_run(name: str, root: Path | None = None) -> dict[str, Any]:
-    """Returns the record of the listed run called `name`.
+    """Returns the record of the run called `name`, read from its folder
+    directly (no scan of the registry).
+
+    The record says ``live: False`` if the run's process is gone (its
+    folder is removed then: the next lookup finds nothing).
 
     Raises:
-        RunNotFoundError: If no live process lists a run of that name.
+        RunNotFoundError: If no run of that name is listed.
     """
-    for record in list_runs(root):
-        if record.get("name") == name:
-            return record
-    known = ", ".join(record["name"] for record in list_runs(root)) or "none"
-    raise RunNotFoundError(f"No run named {name!r}. Runs listed: {known}.")
+    root = Path(root) if root else registry_root()
+    if not isinstance(name, str) or not _NAME_PATTERN.match(name):
+        raise RunNotFoundError(f"No run named {_shorten(repr(name))}: not a valid run name.")
+    record = _read_run(root / name, clean=False)
+    if record is None:
+        known = ", ".join(record["name"] for record in list_runs(root)) or "none"
+        raise RunNotFoundError(f"No run named {name!r}. Runs listed: {_shorten(known)}.")
+    if not record["live"]:
+        _remove_if_dead(root / name)  # its FIFO goes too: `echo stop >` never waits on a dead run
+    return record
 
 
 def unique_name(prefix: str = "run", root: Path | None = None) -> str:
@@ -415,3 +465,116 @@ def unique_name(prefix: str = "run", root: Path | None = None) -> str:
         number += 1
     return f"{prefix}-{number}"
 
+
+# Records are outside data: validated field by field. ----------------------
+
+_MAX_RECORD_BYTES = 4 << 20
+_MAX_INT = 2**63 - 1
+_reported: set[tuple[str, str]] = set()
+
+
+def _report_once(path: Path, message: str) -> None:
+    key = (str(path), message)
+    if key not in _reported:
+        _reported.add(key)
+        logger.warning("%s", message)
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_int(value: Any, low: int = 0, high: int = _MAX_INT) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_metrics(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and (v is None or _is_number(v)) for k, v in value.items())
+
+
+def _is_list_of(check):
+    return lambda value: isinstance(value, list) and all(check(item) for item in value)
+
+
+def _is_event(value: Any) -> bool:
+    return isinstance(value, dict) and _is_number(value.get("time")) and _is_str(value.get("kind")) and _is_str(value.get("message"))
+
+
+def _is_ack(value: Any) -> bool:
+    return isinstance(value, dict) and _is_str(value.get("id")) and _is_str(value.get("outcome")) and _is_str(value.get("message", ""))
+
+
+def _is_history_entry(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and (v is None or _is_number(v)) for k, v in value.items())
+
+
+_FIELDS = {
+    "name": _is_str,
+    "run_id": _is_str,
+    "pid": lambda value: _is_int(value, 1, 2**31 - 1),
+    "state": lambda value: value in {state.value for state in RunState},
+    "epoch": _optional(_is_int),
+    "epochs": _optional(_is_int),
+    "step": _optional(_is_int),
+    "steps": _optional(_is_int),
+    "global_step": _optional(_is_int),
+    "started": _optional(_is_number),
+    "ended": _optional(_is_number),
+    "updated": _optional(_is_number),
+    "origin": _optional(_is_str),
+    "channel": _optional(lambda value: value in ("fifo", "spool")),
+    "fifo": _optional(_is_str),
+    "address": _optional(_is_str),
+    "checkpoint_dir": _optional(_is_str),
+    "checkpoints": _optional(_is_list_of(_is_str)),
+    "metrics": _optional(_is_metrics),
+    "history": _optional(_is_list_of(_is_history_entry)),
+    "events": _optional(_is_list_of(_is_event)),
+    "acks": _optional(_is_list_of(_is_ack)),
+    "commands": _optional(_is_list_of(_is_str)),
+    "error": _optional(_is_str),
+    "kernel_id": _optional(_is_str),
+}
+_REQUIRED = ("name", "run_id", "pid", "state")
+
+
+def validate_record(text: str, folder_name: str) -> tuple[dict[str, Any] | None, str]:
+    """Checks a record as read from disk.
+
+    Args:
+        text: The file's content.
+        folder_name: The name of the folder it was in (the run's name).
+
+    Returns:
+        ``(record, "")`` for a valid record, ``(None, why)`` otherwise. It
+        never raises.
+    """
+    if len(text) > _MAX_RECORD_BYTES:
+        return None, f"larger than {_MAX_RECORD_BYTES} bytes"
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        return None, f"not JSON ({_shorten(str(error))})"
+    if not isinstance(record, dict):
+        return None, f"expected a JSON object, got {type(record).__name__}"
+    missing = [field for field in _REQUIRED if field not in record]
+    if missing:
+        return None, f"missing {', '.join(missing)}"
+    for field, check in _FIELDS.items():
+        if field in record and not check(record[field]):
+            return None, f"field {field!r} has an unexpected value {_shorten(repr(record[field]))}"
+    if record["name"] != folder_name:
+        return None, f"its name {_shorten(record['name'])!r} is not its folder's ({folder_name!r})"
+    return record, ""

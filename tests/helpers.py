@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -159,6 +161,10 @@ _LINGER = (
 )
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class TrainingProcess:
     """The example training script in a subprocess, started and read.
 
@@ -175,19 +181,48 @@ class TrainingProcess:
             argv,
             stdin=subprocess.PIPE if linger else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+            # Ctrl+C as a user's terminal gives it, whatever this runner inherited
+            # (a runner started as a background job has SIGINT ignored).
+            preexec_fn=_default_sigint,
         )
+        self._stderr_lines: list[str] = []
+        self._stderr_changed = threading.Condition()
+        stderr, self.process.stderr = self.process.stderr, None  # read by our thread, not communicate()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, args=(stderr,), daemon=True)
+        self._stderr_reader.start()
         for line in self.process.stdout:
             if line.startswith("READY "):
                 self.name, self.fifo = line.split()[1:3]
                 break
         else:
-            raise AssertionError(f"training script ended early: {self.process.stderr.read()}")
+            self._stderr_reader.join(10)
+            raise AssertionError(f"training script ended early: {self.stderr}")
+
+    def _read_stderr(self, stream) -> None:
+        for line in stream:
+            with self._stderr_changed:
+                self._stderr_lines.append(line)
+                self._stderr_changed.notify_all()
+        stream.close()
+
+    @property
+    def stderr(self) -> str:
+        """What the process wrote to stderr so far."""
+        with self._stderr_changed:
+            return "".join(self._stderr_lines)
+
+    def wait_for_stderr(self, text: str, timeout: float = 30) -> None:
+        """Blocks until the process has written `text` to stderr."""
+        with self._stderr_changed:
+            if not self._stderr_changed.wait_for(lambda: text in "".join(self._stderr_lines), timeout):
+                raise AssertionError(f"no {text!r} on stderr within {timeout} s: {''.join(self._stderr_lines)}")
 
     def finish(self, timeout: float = 60) -> tuple[int, dict | None, str]:
         """Waits for the end (closing stdin first); returns (exit code, RESULT, stderr)."""
-        out, err = self.process.communicate(timeout=timeout)
+        out, _ = self.process.communicate(timeout=timeout)
+        self._stderr_reader.join(timeout)
         results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
-        return self.process.returncode, (results[0] if results else None), err
+        return self.process.returncode, (results[0] if results else None), self.stderr
 
     def kill(self) -> None:
         """Ends the process if it still runs (for test teardown). Idempotent.

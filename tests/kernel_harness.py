@@ -46,7 +46,12 @@ class Kernel(KernelSession):
     def start_busy_cell(self, seconds: float = 30, timeout: float = 60) -> str:
         """Starts a cell that sleeps, and returns once it is surely running
         (it has printed), so an interrupt now finds the kernel busy."""
-        msg_id = self.kc.execute(f"import time; print('busy', flush=True); time.sleep({seconds})")
+        return self.start_cell(f"import time; print('busy', flush=True); time.sleep({seconds})", timeout=timeout)
+
+    def start_cell(self, code: str, timeout: float = 60) -> str:
+        """Starts a cell whose code prints 'busy' once it runs, and returns
+        its msg_id once it has printed it."""
+        msg_id = self.kc.execute(code)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             msg = self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))

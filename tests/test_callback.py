@@ -155,7 +155,16 @@ def test_user_callbacks_finish_their_work_after_stop(make_model, tiny_data, ckpt
     assert any((tmp_path / "tb").rglob("*.tfevents.*"))
 
 
-def test_first_sigint_stops_gracefully_and_the_handler_is_restored(make_model, tiny_data, ckpt):
+@pytest.fixture
+def ctrl_c():
+    """Ctrl+C as a terminal gives it (Python's handler), whatever this test
+    runner inherited: a runner started as a background job has SIGINT ignored."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
+def test_first_sigint_stops_gracefully_and_the_handler_is_restored(make_model, tiny_data, ckpt, ctrl_c):
     before = signal.getsignal(signal.SIGINT)
     model = make_model()
     control = ControlCallback(name="ctrlc", checkpoint_dir=ckpt)
@@ -171,7 +180,7 @@ def test_first_sigint_stops_gracefully_and_the_handler_is_restored(make_model, t
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_second_sigint_raises_keyboard_interrupt_and_cleans_up(make_model, tiny_data, ckpt):
+def test_second_sigint_raises_keyboard_interrupt_and_cleans_up(make_model, tiny_data, ckpt, ctrl_c):
     before = signal.getsignal(signal.SIGINT)
     model = make_model()
     control = ControlCallback(name="ctrlc2", checkpoint_dir=ckpt)

@@ -4,7 +4,21 @@ import os
 
 import pytest
 
-from jupyter_traincontrol.commands import COMMAND_NAMES, Command, LineDecoder, Rejected, UnknownCommandError, parse_command
+from jupyter_traincontrol.commands import (
+    ACTIVE_STATES,
+    COMMAND_HELP,
+    COMMAND_NAMES,
+    FINAL_STATES,
+    Command,
+    LineDecoder,
+    Rejected,
+    Request,
+    RunState,
+    UnknownCommandError,
+    allowed_commands,
+    parse_command,
+    parse_request,
+)
 
 
 def test_vocabulary_is_exactly_the_five_commands():
@@ -33,8 +47,8 @@ def test_decoder_joins_a_line_split_across_writes():
     decoder = LineDecoder()
     assert decoder.feed(b"sa") == []
     assert decoder.feed(b"v") == []
-    assert decoder.feed(b"e\npause\nres") == [Command.SAVE, Command.PAUSE]
-    assert decoder.feed(b"ume\n") == [Command.RESUME]
+    assert decoder.feed(b"e\npause\nres") == [Request(Command.SAVE), Request(Command.PAUSE)]
+    assert decoder.feed(b"ume\n") == [Request(Command.RESUME)]
 
 
 def test_decoder_skips_blank_lines_and_reports_garbage_then_goes_on():
@@ -43,24 +57,24 @@ def test_decoder_skips_blank_lines_and_reports_garbage_then_goes_on():
     assert results[0] == Rejected(
         text="hello", reason="Unknown command 'hello'. Expected one of: stop, save, abort, pause, resume."
     )
-    assert results[1:] == [Command.STOP]
+    assert results[1:] == [Request(Command.STOP)]
 
 
 def test_invalid_utf8_is_rejected_and_printable():
     (rejected, command) = LineDecoder().feed(b"\xff\xfe\x00sto\n" + b"abort\n")
     assert isinstance(rejected, Rejected) and "not valid UTF-8" in rejected.reason
     assert rejected.text.isprintable()
-    assert command is Command.ABORT
+    assert command == Request(Command.ABORT)
 
 
 def test_random_bytes_never_raise_and_later_commands_still_work():
     decoder = LineDecoder()
     rng_bytes = os.urandom(200_000)
     results = decoder.feed(rng_bytes) + decoder.feed(b"\nsave\n")
-    assert results[-1] is Command.SAVE
+    assert results[-1] == Request(Command.SAVE)
     # Random bytes may, rarely, contain a command word on a line of its own;
     # everything else must come out as a rejection, never as an exception.
-    assert all(isinstance(r, (Rejected, Command)) for r in results)
+    assert all(isinstance(r, (Rejected, Request)) for r in results)
 
 
 def test_a_one_mebibyte_line_is_rejected_whole_without_being_buffered():
@@ -72,7 +86,7 @@ def test_a_one_mebibyte_line_is_rejected_whole_without_being_buffered():
     results += decoder.feed(b"\nstop\n")
     assert len(results) == 2
     assert isinstance(results[0], Rejected) and "1048576 bytes is too long" in results[0].reason
-    assert results[1] is Command.STOP
+    assert results[1] == Request(Command.STOP)
 
 
 def test_a_remnant_from_a_dead_writer_does_not_swallow_the_next_command():
@@ -81,14 +95,48 @@ def test_a_remnant_from_a_dead_writer_does_not_swallow_the_next_command():
     rejected, command = decoder.feed(b"save\n")  # a healthy writer's whole line
     assert isinstance(rejected, Rejected) and rejected.text == "sto"
     assert "writer stopped mid-line" in rejected.reason
-    assert command is Command.SAVE
+    assert command == Request(Command.SAVE)
 
 
 def test_flush_decodes_a_last_line_without_newline():
     decoder = LineDecoder()
     assert decoder.feed(b"abort") == []
-    assert decoder.flush() == [Command.ABORT]
+    assert decoder.flush() == [Request(Command.ABORT)]
 
 
 def test_wire_format_is_one_ascii_line():
     assert Command.PAUSE.encode_line() == b"pause\n"
+
+
+def test_a_request_may_carry_an_id_that_round_trips():
+    request = parse_request("Save #a1-B_2")
+    assert request == Request(Command.SAVE, (), "a1-B_2")
+    assert request.encode_line() == b"save #a1-B_2\n"
+    assert LineDecoder().feed(request.encode_line()) == [request]
+    assert str(request) == "save"
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("stop now", "'stop' takes no arguments, got 'now'"),
+        ("stop #", "Invalid request id ''"),
+        ("stop #" + "x" * 40, "Invalid request id"),
+        ("#abc", "A request id without a command"),
+        ("", "Empty command"),
+        ("x" * 500, "Unknown command 'xxxxxxxx"),
+    ],
+)
+def test_malformed_requests_are_clear_errors(line, message):
+    with pytest.raises(UnknownCommandError, match=message) as caught:
+        parse_request(line)
+    assert len(str(caught.value)) < 200  # user input is quoted shortened
+
+
+def test_one_help_table_and_states_that_say_what_applies():
+    assert set(COMMAND_HELP) == set(Command)
+    assert ACTIVE_STATES | FINAL_STATES == set(RunState) and not ACTIVE_STATES & FINAL_STATES
+    assert allowed_commands("running") == (Command.SAVE, Command.STOP, Command.ABORT, Command.PAUSE)
+    assert allowed_commands(RunState.PAUSED) == (Command.SAVE, Command.STOP, Command.ABORT, Command.RESUME)
+    assert allowed_commands("stopping") == (Command.ABORT,)  # a second interrupt while stopping aborts
+    assert allowed_commands("finished") == () and allowed_commands("no such state") == ()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import read_sidecar, run_python
+from helpers import read_sidecar, run_python, wait_until
 from jupyter_traincontrol.registry import list_runs
 from kernel_harness import Kernel
 
@@ -111,7 +111,7 @@ def test_interrupt_with_no_run_is_a_plain_keyboard_interrupt(kernel):
         result = kernel.collect(msg_id, timeout=20)
     assert result.error["ename"] == "KeyboardInterrupt"
     kernel.interrupt()  # idle, no run: nothing happens
-    time.sleep(0.5)
+    time.sleep(0.5)  # not a wait for an event: time for the signal to (not) act before the next cell
     assert kernel.value("jupyter_traincontrol.runs()") == []
     # While idle the kernel's own SIG_IGN stands (seen as the handler saved around this cell).
     assert kernel.value("get_ipython().kernel.saved_sigint_handler is __import__('signal').SIG_IGN") is True
@@ -129,7 +129,7 @@ def test_a_second_interrupt_while_stopping_aborts(kernel):
     kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.lifecycle.step > 0", timeout=60)
     kernel.interrupt()
     kernel.wait_for(f"{RUN}.state == 'stopping'", timeout=30)
-    time.sleep(1.2)
+    time.sleep(1.2)  # the scenario: interrupts less than 1 s apart are one burst
     kernel.interrupt()
     kernel.wait_for(f"{RUN}.state in ('stopped', 'aborted')", timeout=30)
     assert kernel.value(f"{RUN}.state") == "aborted"
@@ -140,7 +140,7 @@ def test_interrupt_storm_gives_exactly_one_graceful_stop(kernel):
     start_fit(kernel, "storm")
     for _ in range(20):
         kernel.interrupt()
-        time.sleep(0.04)
+        time.sleep(0.04)  # the scenario: a storm of 20 interrupts in 0.8 s
     kernel.wait_for(f"{RUN}.state in ('stopped', 'aborted')", timeout=30)
     assert kernel.value(f"{RUN}.state") == "stopped"
     assert kernel.value(f"len({RUN}.checkpoints)") == 1
@@ -161,7 +161,7 @@ def test_button_clicks_as_comm_messages(kernel):
     kernel.wait_for(f"{RUN}.panel.buttons['pause'].description == 'Resume'", timeout=10)
     step = kernel.value(f"{RUN}.lifecycle.global_step")
     held = kernel.value(f"{RUN}.lifecycle.step")
-    time.sleep(0.5)
+    time.sleep(0.5)  # not a wait for an event: training must not move meanwhile
     assert kernel.value(f"{RUN}.lifecycle.step") == held
     kernel.click(button(kernel, "pause"))  # now labelled Resume
     kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.lifecycle.step != {held}", timeout=30)
@@ -238,7 +238,8 @@ def test_wrong_options_are_usage_errors(kernel, line, message):
 
 def test_wait_keeps_the_cell_busy_and_an_interrupt_ends_it_without_a_traceback(kernel):
     msg_id = kernel.execute(FIT_CELL.format(name="waiter", options="--wait", epochs=200, sleep=0.01), wait=False)
-    time.sleep(8)
+    wait_until(lambda: any(r["name"] == "waiter" and (r.get("step") or r.get("epoch", 0) > 1) for r in list_runs()),
+               timeout=60, message="the --wait run to train")  # the cell is busy: ask the registry
     kernel.interrupt()
     result = kernel.collect(msg_id, timeout=60)
     assert result.status == "ok", result.error
@@ -338,8 +339,7 @@ def test_top_level_await_and_subprocesses_still_work(kernel):
     start_fit(kernel, "await")
     assert "hello" in kernel.execute("!echo hello").stdout
     assert kernel.value("__import__('subprocess').run(['true']).returncode") == 0
-    msg_id = kernel.execute("import asyncio\nprint('busy', flush=True)\nawait asyncio.sleep(30)", wait=False)
-    time.sleep(2.0)
+    msg_id = kernel.start_cell("import asyncio\nprint('busy', flush=True)\nawait asyncio.sleep(30)")
     started = time.monotonic()
     kernel.interrupt()
     result = kernel.collect(msg_id, timeout=20)

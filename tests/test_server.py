@@ -107,8 +107,10 @@ async def test_a_run_of_a_kernel_of_this_server_names_its_notebook(api, tmp_path
 
 async def test_post_delivers_the_command_through_the_fifo(api, live_run):
     code, reply = await post_command(api, "alpha", {"command": "save"})
+    request_id = reply.pop("id")
     assert (code, reply) == (202, {"name": "alpha", "command": "save", "message": "Sent save to alpha."})
-    assert live_run.channel.get(5) is Command.SAVE
+    delivered = live_run.channel.get(5)
+    assert (delivered.command, delivered.request_id) == (Command.SAVE, request_id)  # the run can acknowledge it
 
 
 @pytest.mark.parametrize(
@@ -180,7 +182,7 @@ async def test_a_cookie_authenticated_post_needs_the_xsrf_token(api, live_run):
     xsrf = {"Cookie": f"{login}; _xsrf=abc123", "X-XSRFToken": "abc123"}
     code, reply = await post_command(api, "alpha", {"command": "save"}, headers={**without_token, **xsrf})
     assert code == 202, reply
-    assert live_run.channel.get(5) is Command.SAVE
+    assert live_run.channel.get(5).command is Command.SAVE
 
 
 async def test_registry_reads_and_fifo_writes_run_off_the_event_loop(api, live_run, monkeypatch):
@@ -202,7 +204,7 @@ async def test_registry_reads_and_fifo_writes_run_off_the_event_loop(api, live_r
     assert len(threads) == 2
     assert all(name.startswith("traincontrol-server") for name in threads), threads
     assert threading.current_thread().name not in threads
-    assert live_run.channel.get(5) is Command.SAVE
+    assert live_run.channel.get(5).command is Command.SAVE
 
 
 async def test_a_training_script_is_listed_and_stopped_through_the_api(api, training, tmp_path):

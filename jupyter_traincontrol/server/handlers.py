@@ -41,6 +41,7 @@ __all__ = ["RunsHandler", "CommandsHandler", "VocabularyHandler", "EXECUTOR_SETT
 
 #: The key of the extension's thread pool in the Tornado settings.
 EXECUTOR_SETTING = "traincontrol_executor"
+_MAX_BODY_BYTES = 4096
 
 _T = TypeVar("_T")
 
@@ -128,25 +129,27 @@ class CommandsHandler(_TrainControlHandler):
         except NotListeningError as error:
             raise tornado.web.HTTPError(409, str(error)) from error
         except ChannelError as error:
-            raise tornado.web.HTTPError(503, f"Could not deliver {command!r} to run {name!r}: {error}") from error
-        except OSError as error:  # UnsafePathError: the run's channel is not ours, or private
-            raise tornado.web.HTTPError(500, f"Refused to write to run {name!r}: {error}") from error
+            raise tornado.web.HTTPError(503, f"Could not deliver {command[:80]!r} to run {name[:80]!r}: {error}") from error
+        except OSError as error:  # UnsafePathError: the run's channel is not a private FIFO of ours
+            raise tornado.web.HTTPError(409, f"Refused to write to run {name[:80]!r}: {error}") from error
         self.set_status(202)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"name": name, "command": str(sent), "message": f"Sent {sent} to {name}."}))
+        self.finish(json.dumps({"name": name, "command": str(sent), "id": sent.request_id, "message": f"Sent {sent} to {name}."}))
 
     def _command_from_body(self) -> str:
         """The ``command`` of the JSON body; 400 if the body is not that."""
         expected = f'Expected a JSON object like {{"command": "stop"}} with a command among: {", ".join(COMMAND_NAMES)}.'
         raw = self.request.body
+        shown = raw[:60].decode("utf-8", "backslashreplace")
+        if len(raw) > _MAX_BODY_BYTES:
+            raise tornado.web.HTTPError(400, f"The body has {len(raw)} bytes; at most {_MAX_BODY_BYTES} expected. {expected}")
         try:
             body = json.loads(raw or b"")
-        except ValueError:
-            shown = raw[:60].decode("utf-8", "backslashreplace")
+        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
             raise tornado.web.HTTPError(400, f"The body is not JSON: {shown!r}. {expected}") from None
         if not isinstance(body, dict) or "command" not in body:
-            raise tornado.web.HTTPError(400, f"Got {json.dumps(body)[:60]}. {expected}")
+            raise tornado.web.HTTPError(400, f"Got {shown!r}. {expected}")
         command = body["command"]
         if not isinstance(command, str):
-            raise tornado.web.HTTPError(400, f"Got command {json.dumps(command)[:60]}, not a string. {expected}")
+            raise tornado.web.HTTPError(400, f"Got command of type {type(command).__name__}, not a string. {expected}")
         return command
