@@ -148,8 +148,17 @@ class CommandsHandler(_TrainControlHandler):
         except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
             raise tornado.web.HTTPError(400, f"The body is not JSON: {shown!r}. {expected}") from None
         if not isinstance(body, dict) or "command" not in body:
-            raise tornado.web.HTTPError(400, f"Got {shown!r}. {expected}")
+            raise tornado.web.HTTPError(400, f"Got {_short_json(body)}. {expected}")
         command = body["command"]
         if not isinstance(command, str):
-            raise tornado.web.HTTPError(400, f"Got command of type {type(command).__name__}, not a string. {expected}")
+            raise tornado.web.HTTPError(400, f"Got command {_short_json(command)}, not a string. {expected}")
         return command
+
+
+def _short_json(value: Any) -> str:
+    """At most 60 characters of `value` as JSON, for an error message."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
