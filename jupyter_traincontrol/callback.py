@@ -29,7 +29,7 @@ from pathlib import Path
 
 import keras
 
-from .checkpoint import Checkpoint, CheckpointError, TrainingPosition, restore_weights
+from .checkpoint import Checkpoint, CheckpointError, SkippedCheckpoint, TrainingPosition
 from .commands import Command
 from .control import RunControl
 from .interrupt import SigintGuard
@@ -81,7 +81,7 @@ class ControlCallback(keras.callbacks.Callback):
     >>> callback = ControlCallback(name="demo", checkpoint_dir="ckpt")   # doctest: +SKIP
     >>> history = model.fit(x, y, epochs=10, callbacks=[callback])       # doctest: +SKIP
     >>> callback.state, callback.checkpoints                              # doctest: +SKIP
-    ('stopped', [PosixPath('ckpt/ckpt-000001-epoch0003-step000012.keras')])
+    ('stopped', [PosixPath('ckpt/ckpt-000001-epoch0004-step000012.keras')])
     """
 
     def __init__(
@@ -186,6 +186,11 @@ class ControlCallback(keras.callbacks.Callback):
             self._fit_thread_id = threading.get_ident()
             self._fit_frame = _find_fit_frame(self.model)
             control.add_tick_hook(self._watch_fit)
+        try:  # ckpt: take the checkpoint folder (checked, locked) before the first step
+            control.store.acquire()
+        except BaseException as error:
+            self._finish("failed", f"Could not use the checkpoint folder: {error}")
+            raise
         try:
             if self.resume:
                 self._resume()
@@ -350,11 +355,13 @@ class ControlCallback(keras.callbacks.Callback):
 
     def _resume(self) -> None:
         control = self._control
-        latest = control.store.latest()
-        if latest is None:
-            self._say(f"No checkpoint in {control.store.directory} yet: starting from scratch.")
+        restored = control.store.restore_latest(self.model, on_skip=self._report_skipped)  # ckpt
+        latest = restored.checkpoint
+        if latest is None:  # ckpt
+            found = f"loads ({len(restored.skipped)} skipped)" if restored.skipped else "yet"
+            control.log("info", f"No checkpoint in {control.store.directory} {found}: starting from scratch.")
+            self._say(f"No checkpoint in {control.store.directory} {found}: starting from scratch.")
             return
-        restore_weights(self.model, latest)
         position = latest.position
         self._initial_epoch_to_restore = (getattr(self.model, "_initial_epoch", None),)
         self.model._initial_epoch = position.resume_epoch
@@ -375,6 +382,11 @@ class ControlCallback(keras.callbacks.Callback):
         )
         control.log("info", message)
         self._say(message)
+
+    def _report_skipped(self, skipped: SkippedCheckpoint) -> None:  # ckpt
+        message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
+        self._control.log("warning", message)
+        self._say(message, stream=sys.stderr)
 
     # Interrupts ------------------------------------------------------------
 
@@ -420,6 +432,8 @@ class ControlCallback(keras.callbacks.Callback):
                 self.model._initial_epoch = self._initial_epoch_to_restore[0]
             if self._sigint is not None:
                 self._sigint.retire()
+            if control.store is not None:  # ckpt: let the checkpoint folder go
+                control.store.release()
             if self._owns_control:
                 control.close(final_state, error)
                 self._say(f"Run {control.name!r} {final_state}.")

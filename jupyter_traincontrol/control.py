@@ -125,7 +125,10 @@ class RunControl:
         self.forget()  # the record of an earlier, ended run of this object
         self._folder = self._claim_folder()
         self.name = self._folder.name
-        self.store = CheckpointStore(self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep)
+        self.store = CheckpointStore(  # ckpt: the run's name, and a private folder where the tool chose it
+            self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
+            run=self.name, private=self._requested_checkpoint_dir is None,
+        )
         self.started, self.ended, self.error = time.time(), None, None
         self._state = "starting"
         self.events.clear()
