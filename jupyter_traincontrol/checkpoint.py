@@ -491,10 +491,12 @@ class CheckpointStore:
             raise
         self._dir_fd, self._lock_fd = dir_fd, lock_fd
         self._identity = _identity(os.fstat(dir_fd))
+        pending = previous.get("pending")
+        self._pending = pending if isinstance(pending, dict) else None  # kept until recovered
         try:
             self._write_lock_record()
             self._phase("locked")
-            self._recover(previous)
+            self._recover()
         except OSError as error:
             self.release()
             raise CheckpointDirError(f"Could not take checkpoint folder {self.directory}: {error.strerror or error}.") from error
@@ -604,10 +606,10 @@ class CheckpointStore:
                 f"training goes on. Give the run its folder back, or stop it and start again."
             )
 
-    def _recover(self, previous: dict) -> None:
+    def _recover(self) -> None:
         """Removes what a killed save left, as its intent record says."""
-        pending = previous.get("pending") if previous.get("tool") == TOOL else None
-        if not isinstance(pending, dict):
+        pending = self._pending
+        if pending is None:
             return
         staging, model_file = pending.get("staging"), pending.get("file")
         if isinstance(model_file, str) and _is_plain_name(model_file) and not self._is_committed(model_file):
@@ -881,24 +883,38 @@ class CheckpointStore:
             # (with keep=1, that is the new one).
             self._flush(kept[-1])
         for old in doomed:
-            os.unlink(old.sidecar.name, dir_fd=self._dir_fd)  # uncommit first
-            self._phase("uncommitted")
-            os.unlink(old.path.name, dir_fd=self._dir_fd)
+            self._remove_checkpoint(old.sidecar.name, old.path.name, shorter_than=None)
         for sidecar, info, _why in broken:
             if (info.get("run") or DEFAULT_RUN) == self.run:
-                self._remove_broken(sidecar, info)
+                self._remove_checkpoint(sidecar, info["file"], shorter_than=info["size"])
 
-    def _remove_broken(self, sidecar: str, info: dict) -> None:
-        """Removes a sidecar of this run whose model file is missing or short,
-        and the model file if a crash left it short (never a longer one: that
-        is not what this run wrote)."""
-        os.unlink(sidecar, dir_fd=self._dir_fd)
+    def _remove_checkpoint(self, sidecar: str, model_file: str, shorter_than: int | None) -> None:
+        """Uncommits a checkpoint of this run (its sidecar goes first), then
+        removes its model file.
+
+        The model file's inode and size are recorded as intent first, so a
+        kill between the two removals leaves a record the next run acts on.
+
+        Args:
+            sidecar: The sidecar's name.
+            model_file: The model file's name.
+            shorter_than: For a checkpoint a crash broke: remove the model
+                file only if it is shorter than this (a crash leaves it
+                short; a longer one is not what this run wrote). None: the
+                model file is whole, remove it.
+        """
         try:
-            st = os.stat(info["file"], dir_fd=self._dir_fd, follow_symlinks=False)
+            st = os.stat(model_file, dir_fd=self._dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            return
-        if stat.S_ISREG(st.st_mode) and st.st_size < info["size"]:
-            os.unlink(info["file"], dir_fd=self._dir_fd)
+            st = None
+        ours = st is not None and stat.S_ISREG(st.st_mode) and (shorter_than is None or st.st_size < shorter_than)
+        if ours:
+            self._record_intent({"file": model_file, "inode": st.st_ino, "size": st.st_size})
+        os.unlink(sidecar, dir_fd=self._dir_fd)  # uncommit first
+        self._phase("uncommitted")
+        if ours:
+            os.unlink(model_file, dir_fd=self._dir_fd)
+            self._record_intent(None)
 
     def _flush(self, checkpoint: Checkpoint) -> None:
         """Makes `checkpoint` durable: its two files and their names in the folder."""
