@@ -560,7 +560,7 @@ class CheckpointStore:
         """Opens and flocks the lock file; returns it and its previous record."""
         lock_path = self.directory / LOCK_FILE
         try:
-            fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise CheckpointDirError(
@@ -570,6 +570,8 @@ class CheckpointStore:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise CheckpointDirError(f"{lock_path} is not a regular file; expected the folder's lock file.")
+            if _identity(os.fstat(fd)) != _identity(os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)):
+                raise CheckpointDirChangedError(f"{self.directory} was replaced while being opened; expected one folder.")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -836,7 +838,7 @@ class CheckpointStore:
             info["size"] = st.st_size
             self._record_intent({**intent, "inode": st.st_ino, "size": st.st_size})
             self._phase("staged-model")
-            _write_new_file(fd, f"{staging}/{_STAGED_SIDECAR}", _json_text(info))
+            _write_new_file(self.directory / staging / _STAGED_SIDECAR, _json_text(info))
             self._phase("staged-sidecar")
             os.rename(f"{staging}/{_STAGED_MODEL}", file, src_dir_fd=fd, dst_dir_fd=fd)
             renamed = True
@@ -1067,8 +1069,8 @@ def _lexists(dir_fd: int, name: str) -> bool:
     return True
 
 
-def _write_new_file(dir_fd: int, name: str, text: str) -> None:
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+def _write_new_file(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
 

@@ -496,8 +496,8 @@ def test_a_model_file_a_crash_left_short_is_not_a_checkpoint(tmp_path, make_mode
     third = store.save(model, TrainingPosition(0, 3), reason="save")
     assert third.sequence == 3  # the broken one's number is not reused
     assert sorted(os.listdir(store.directory)) == sorted(
-        [first.path.name, first.sidecar.name, third.path.name, third.sidecar.name]
-    )  # and its remains are cleaned up
+        [first.path.name, first.sidecar.name, third.path.name, third.sidecar.name, LOCK_FILE]
+    )  # and its remains are cleaned up (its sidecar says they are ours)
 
 
 def test_a_failing_flush_says_the_checkpoint_was_written_and_deletes_nothing(tmp_path, make_model, monkeypatch):
@@ -516,7 +516,7 @@ def test_a_failing_flush_says_the_checkpoint_was_written_and_deletes_nothing(tmp
         raise OSError(errno_module.EIO, "Input/output error")
 
     monkeypatch.setattr(checkpoint_module, "_fsync_file", failing_fsync)
-    with pytest.raises(CheckpointError, match=r"^Wrote ckpt-000002-epoch0000-step000002.keras, but could not flush "
+    with pytest.raises(CheckpointError, match=r"^Wrote ckpt-000002-epoch0001-step000002.keras, but could not flush "
                                               r"or remove older checkpoints in .*: Input/output error; older checkpoints may remain.$"):
         store.save(model, TrainingPosition(0, 2), reason="save")
     assert [c.sequence for c in store.list()] == [old.sequence, 2]
@@ -582,7 +582,7 @@ def test_a_full_disk_fails_the_save_clearly_and_training_goes_on_then_stops(make
     for error in errors:
         assert error.startswith(f"Could not write a checkpoint in {small_disk / 'ck'}: No space left on device; ")
         assert error.endswith(f"the previous checkpoint {first.path.name} is kept.")
-    assert sorted(os.listdir(small_disk / "ck")) == sorted([first.path.name, first.sidecar.name])
+    assert sorted(os.listdir(small_disk / "ck")) == sorted([first.path.name, first.sidecar.name, LOCK_FILE])
     (small_disk / "filler").unlink()
     import keras
 
@@ -642,7 +642,7 @@ def test_a_file_size_limit_fails_the_save_clearly_in_a_real_fit(tmp_path):
     name = Path(checkpoint).name
     assert len(report["errors"]) == 2
     assert all(e.endswith(f"File too large; the previous checkpoint {name} is kept.") for e in report["errors"])
-    assert report["files"] == sorted([name, name.replace(".keras", ".json")])
+    assert report["files"] == sorted([name, name.replace(".keras", ".json"), LOCK_FILE])
 
 
 # Security --------------------------------------------------------------------
@@ -670,15 +670,16 @@ def test_run_folder_fifo_and_record_are_private(make_model, tiny_data, tmp_path,
 
 
 def test_planted_symlinks_in_the_checkpoint_folder_are_never_followed(tmp_path, make_model):
-    """Staging folders and checkpoint names planted as symlinks: the store removes
-    or skips the links and never writes or deletes through them."""
+    """Staging folders and checkpoint names planted as symlinks: the store skips
+    the links (they are not its own: no sidecar of its says so, so they stay)
+    and never writes or deletes through them."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious.txt").write_text("keep me")
     ckdir = tmp_path / "ck"
     ckdir.mkdir()
-    (ckdir / ".partial-1-planted").symlink_to(outside)  # pid 1 lives: kept, but never entered
-    (ckdir / ".partial-999999999-planted").symlink_to(outside)  # a dead pid: rmtree refuses a link; the target stays
+    (ckdir / ".partial-1-planted").symlink_to(outside)
+    (ckdir / ".partial-999999999-planted").symlink_to(outside)
     (ckdir / "ckpt-000001-epoch0000-step000001.keras").symlink_to(outside / "precious.txt")
     store = CheckpointStore(ckdir, keep=1)
     model = make_model()
@@ -688,7 +689,9 @@ def test_planted_symlinks_in_the_checkpoint_folder_are_never_followed(tmp_path, 
     assert store.list() == [second]
     assert (outside / "precious.txt").read_text() == "keep me"
     assert sorted(os.listdir(outside)) == ["precious.txt"]
-    assert not os.path.lexists(ckdir / "ckpt-000001-epoch0000-step000001.keras")  # the orphan link was removed
+    planted = ["ckpt-000001-epoch0000-step000001.keras", ".partial-1-planted", ".partial-999999999-planted"]
+    assert all((ckdir / name).is_symlink() for name in planted)  # not ours: left as they were
+    assert sorted(os.listdir(ckdir)) == sorted([*planted, second.path.name, second.sidecar.name, LOCK_FILE])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant files owned by another user")
