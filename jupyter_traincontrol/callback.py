@@ -62,9 +62,10 @@ class ControlCallback(keras.callbacks.Callback):
         checkpoint_dir: Folder for checkpoints. Defaults to
             ``checkpoints/NAME`` in the current directory.
         keep: How many of the newest checkpoints to keep. Defaults to 3.
-        resume: Load the latest checkpoint of `checkpoint_dir` before the
-            first batch and continue at its epoch and batch. With no
-            checkpoint yet, training starts from scratch (and says so).
+        resume: Load the newest checkpoint of this run's name in
+            `checkpoint_dir` that loads (newer broken ones are skipped, and
+            said so) before the first batch, and continue at its epoch and
+            batch. With none, training starts from scratch (and says so).
             Defaults to False.
         handle_sigint: When `fit` runs on the main thread, make the first
             Ctrl+C a graceful stop. Defaults to True.
