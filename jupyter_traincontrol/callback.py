@@ -29,7 +29,7 @@ from pathlib import Path
 
 import keras
 
-from .checkpoint import CheckpointError, TrainingPosition
+from .checkpoint import CheckpointError, SkippedCheckpoint, TrainingPosition
 from .commands import Command, Request, RunState
 from .interrupt import SigintGuard
 from .lifecycle import RunLifecycle
@@ -55,10 +55,11 @@ class ControlCallback(keras.callbacks.Callback):
         checkpoint_dir: Folder for checkpoints. Defaults to
             ``checkpoints/NAME`` in the current directory.
         keep: How many of the newest checkpoints to keep. Defaults to 3.
-        resume: Load the latest checkpoint of `checkpoint_dir` before the
-            first batch and continue at its epoch and batch. With no
-            checkpoint yet, training starts from scratch (and says so).
-            Defaults to False.
+        resume: Load the newest checkpoint of this run's name in
+            `checkpoint_dir` that loads before the first batch, and continue
+            at its epoch and batch. Broken ones are skipped, and said so;
+            with none, training starts from scratch (and says so). Defaults
+            to False.
         handle_sigint: When `fit` runs on the main thread, make the first
             Ctrl+C a graceful stop. Defaults to True.
         verbose: Print one line when the run starts, resumes or ends, and
@@ -74,7 +75,7 @@ class ControlCallback(keras.callbacks.Callback):
     >>> callback = ControlCallback(name="demo", checkpoint_dir="ckpt")   # doctest: +SKIP
     >>> history = model.fit(x, y, epochs=10, callbacks=[callback])       # doctest: +SKIP
     >>> callback.state, callback.checkpoints                              # doctest: +SKIP
-    ('stopped', [PosixPath('ckpt/ckpt-000001-epoch0003-step000012.keras')])
+    ('stopped', [PosixPath('ckpt/ckpt-000001-epoch0004-step000012.keras')])
     """
 
     def __init__(
@@ -176,8 +177,13 @@ class ControlCallback(keras.callbacks.Callback):
             self._watchdog = _FitWatchdog(self.model, self._on_fit_lost)
             lifecycle.add_tick_hook(self._watchdog.check)
         try:
+            lifecycle.store.acquire()  # checked and locked before the first step
+        except BaseException as error:
+            self._finish(RunState.FAILED, f"Could not use the checkpoint folder: {error}")
+            raise
+        try:
             if self.resume:
-                self._resumption = resume_from_latest(self.model, lifecycle.store)
+                self._resumption = resume_from_latest(self.model, lifecycle.store, on_skip=self._report_skipped)
                 self._epoch = self._resumption.epoch
                 lifecycle.global_step = optimizer_step(self.model)
                 lifecycle.log("info", self._resumption.message)
@@ -337,6 +343,11 @@ class ControlCallback(keras.callbacks.Callback):
         self._say(f"Checkpoint ({reason}) written: {checkpoint.path}")
         return "applied", f"checkpoint written: {checkpoint.path}"
 
+    def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
+        message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
+        self.lifecycle.log("warning", message)
+        self._say(message, stream=sys.stderr)
+
     # Interrupts ------------------------------------------------------------
 
     def _on_first_sigint(self) -> None:
@@ -369,6 +380,8 @@ class ControlCallback(keras.callbacks.Callback):
                 self._watchdog = None
             if self._resumption is not None:
                 self._resumption.undo()
+            if lifecycle.store is not None:
+                lifecycle.store.release()
             if self._sigint is not None:
                 self._sigint.retire()
             if self._owns_lifecycle:

@@ -142,7 +142,10 @@ class RunLifecycle:
         self.forget()  # the record of an earlier, ended run of this object
         self._folder = self._claim_folder()
         self.name = self._folder.name
-        self.store = CheckpointStore(self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep)
+        self.store = CheckpointStore(  # the tool's own default folder is made private
+            self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
+            run=self.name, private=self._requested_checkpoint_dir is None,
+        )
         self._checkpoints = self.store.list()
         self.started, self.ended, self.error = time.time(), None, None
         self._state = RunState.STARTING

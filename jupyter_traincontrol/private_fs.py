@@ -4,19 +4,30 @@ Every folder the tool creates is mode 0700 and every file 0600. An existing
 path is used only if it is what we expect (a real folder, not a symlink),
 owned by the current user and private; otherwise `UnsafePathError` says why.
 JSON metadata is always written to a temporary file and renamed into place,
-so a reader never sees half a file.
+so a reader never sees half a file, and never holds ``NaN`` or ``Infinity``
+(which are not JSON): `json_safe` turns them into ``null``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["UnsafePathError", "ensure_private_dir", "write_json_atomic", "read_json"]
+__all__ = [
+    "UnsafePathError",
+    "check_private",
+    "ensure_private_dir",
+    "json_safe",
+    "make_private_dirs",
+    "read_json",
+    "write_json_atomic",
+]
 
 
 class UnsafePathError(OSError):
@@ -76,10 +87,7 @@ def ensure_private_dir(path: Path) -> Path:
             else's.
     """
     path = Path(path)
-    try:
-        os.makedirs(path, mode=0o700)
-    except FileExistsError:
-        pass
+    make_private_dirs(path)
     st = os.lstat(path)
     try:
         check_private(path, st, kind="dir")
@@ -92,15 +100,78 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
+def make_private_dirs(path: Path) -> list[Path]:
+    """Creates `path` and its missing parents, each with mode 0700.
+
+    Unlike `os.makedirs`, which gives the parents it creates the default
+    mode, every folder created here is private. Existing folders are left
+    as they are.
+
+    Args:
+        path: The folder to create.
+
+    Returns:
+        The folders created, outermost first (empty if `path` existed).
+
+    Raises:
+        OSError: If a component is not a folder or cannot be created.
+    """
+    path = Path(path).absolute()
+    missing = []
+    for folder in [path, *path.parents]:
+        if os.path.lexists(folder):
+            break
+        missing.append(folder)
+    created = []
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:  # made by someone else meanwhile: checked by the caller
+            continue
+        created.append(folder)
+    return created
+
+
+def json_safe(value: Any) -> Any:
+    """Returns `value` with every non-finite float (NaN, +-inf) made None.
+
+    Goes into dicts, lists and tuples (tuples become lists). Floats of other
+    types (numpy's, say) become plain floats. Everything else is returned
+    as it is.
+
+    Args:
+        value: Data on its way to `json.dumps`.
+
+    Returns:
+        Data that `json.dumps(..., allow_nan=False)` accepts wherever
+        `value`'s only problem was a non-finite float.
+
+    Example:
+
+    >>> json_safe({"loss": float("nan"), "acc": [1.0, float("inf")]})
+    {'loss': None, 'acc': [1.0, None]}
+    """
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return value
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Writes `data` as JSON to `path` through a temporary file and a rename.
+
+    Non-finite floats are written as ``null`` (see `json_safe`).
 
     Args:
         path: The destination. Its folder must exist.
         data: Anything `json.dumps` accepts.
     """
     path = Path(path)
-    text = json.dumps(data, indent=1, sort_keys=True, default=str)
+    text = json.dumps(json_safe(data), indent=1, sort_keys=True, default=str, allow_nan=False)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".json.tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

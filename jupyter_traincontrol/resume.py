@@ -18,9 +18,9 @@ skipping the rest of the epoch or repeating its start.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from .checkpoint import CheckpointStore, restore_weights
+from .checkpoint import CheckpointStore, SkippedCheckpoint
 
 __all__ = ["BatchSkipper", "Resumption", "can_skip_batches", "optimizer_step", "resume_from_latest"]
 
@@ -135,8 +135,11 @@ class Resumption:
             self._saved_initial_epoch = None
 
 
-def resume_from_latest(model, store: CheckpointStore) -> Resumption:
-    """Loads the newest checkpoint of `store` into `model` and positions `fit`.
+def resume_from_latest(
+    model, store: CheckpointStore, on_skip: Callable[[SkippedCheckpoint], None] | None = None
+) -> Resumption:
+    """Loads the newest checkpoint of `store` that loads into `model`, and
+    positions `fit` there.
 
     Call it from ``on_train_begin``. Keras reads the private
     ``model._initial_epoch`` to know where to start (as `BackupAndRestore`
@@ -145,17 +148,17 @@ def resume_from_latest(model, store: CheckpointStore) -> Resumption:
     Args:
         model: The model being trained, built and compiled.
         store: The run's checkpoints.
+        on_skip: Called for each newer checkpoint that did not load, with
+            which and why.
 
     Returns:
-        The `Resumption` (with nothing changed if there is no checkpoint).
-
-    Raises:
-        CheckpointError: If the checkpoint cannot be loaded into the model.
+        The `Resumption` (with nothing changed if no checkpoint loads).
     """
-    latest = store.latest()
+    restored = store.restore_latest(model, on_skip=on_skip)
+    latest = restored.checkpoint
     if latest is None:
-        return Resumption(model, message=f"No checkpoint in {store.directory} yet: starting from scratch.", resumed=False)
-    restore_weights(model, latest)
+        found = f"loads ({len(restored.skipped)} skipped)" if restored.skipped else "yet"
+        return Resumption(model, message=f"No checkpoint in {store.directory} {found}: starting from scratch.", resumed=False)
     position = latest.position
     resumption = Resumption(model, epoch=position.resume_epoch, message="", resumed=True)
     resumption._saved_initial_epoch = (getattr(model, "_initial_epoch", None),)

@@ -14,6 +14,7 @@ import pytest
 from helpers import At, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.channel import NotListeningError, send_command
+from jupyter_traincontrol.checkpoint import LOCK_FILE
 from jupyter_traincontrol.registry import NameTakenError, find_run, list_runs
 
 EPOCHS = 4
@@ -77,7 +78,7 @@ def test_abort_ends_fit_without_a_checkpoint(make_model, tiny_data, ckpt):
     assert probe.train_end_called
     assert control.state == "aborted"
     assert control.checkpoints == []
-    assert not ckpt.exists() or not any(ckpt.iterdir())
+    assert os.listdir(ckpt) == [LOCK_FILE]  # the folder was taken at train begin; nothing written in it
 
 
 def test_pause_holds_the_training_thread_and_commands_still_act(make_model, tiny_data, ckpt):
@@ -271,7 +272,7 @@ def test_resume_continues_the_optimizer_step_and_the_epoch(make_model, tiny_data
     assert read_sidecar(control.checkpoints[0])["epoch_complete"] is True  # stopped at the epoch's last batch
 
     resumed_model = make_model(seed=5)
-    resumed = ControlCallback(name="second", checkpoint_dir=ckpt, resume=True)
+    resumed = ControlCallback(name="first", checkpoint_dir=ckpt, resume=True)  # a run resumes its own checkpoints
     history = fit(resumed_model, tiny_data, resumed)
     assert history.epoch == [2, 3]
     assert int(resumed_model.optimizer.iterations.numpy()) == EPOCHS * 8
@@ -288,7 +289,7 @@ def test_resume_mid_epoch_equals_an_uninterrupted_run(make_model, tiny_data, ckp
     assert read_sidecar(first.checkpoints[0])["step_in_epoch"] == 4
 
     continued = make_model(seed=99)  # different initial weights: all must come from the checkpoint
-    history = fit(continued, tiny_data, ControlCallback(name="part2", checkpoint_dir=ckpt, resume=True))
+    history = fit(continued, tiny_data, ControlCallback(name="part1", checkpoint_dir=ckpt, resume=True))
     assert history.epoch == [1, 2, 3]
     assert int(continued.optimizer.iterations.numpy()) == int(straight.optimizer.iterations.numpy()) == 32
     for a, b in zip(continued.get_weights(), straight.get_weights()):
@@ -306,7 +307,7 @@ def test_resume_with_steps_per_execution(tiny_data, ckpt):
 
     again = build_model(seed=1)
     again.compile(optimizer="adam", loss="mse", steps_per_execution=2)
-    history = fit(again, tiny_data, ControlCallback(name="spe2", checkpoint_dir=ckpt, resume=True), epochs=2)
+    history = fit(again, tiny_data, ControlCallback(name="spe", checkpoint_dir=ckpt, resume=True), epochs=2)
     assert history.epoch == [0, 1]
     assert int(again.optimizer.iterations.numpy()) == 16
 

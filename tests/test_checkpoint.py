@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from helpers import child_env, run_python
-from jupyter_traincontrol.checkpoint import CheckpointError, CheckpointStore, TrainingPosition, restore_weights
+from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointError, CheckpointStore, TrainingPosition, restore_weights
 
 
 @pytest.fixture
@@ -30,17 +30,19 @@ def trained(make_model, tiny_data):
 
 
 def test_save_writes_a_model_and_a_sidecar(tmp_path, trained):
-    store = CheckpointStore(tmp_path / "ck")
+    store = CheckpointStore(tmp_path / "ck", run="r")
     position = TrainingPosition(epoch=2, step_in_epoch=5, steps_per_epoch=8, global_step=21)
     checkpoint = store.save(trained, position, reason="save", metrics={"loss": np.float32(0.5)}, run="r")
-    assert checkpoint.path.name == "ckpt-000001-epoch0002-step000005.keras"
+    assert checkpoint.path.name == "ckpt-000001-epoch0003-step000005.keras"  # epochs counted from 1, as the UI does
     info = json.loads(checkpoint.sidecar.read_text())
+    assert info["tool"] == "jupyter-traincontrol" and info["format"] == 2 and info["run_id"] == store.run_id
+    assert info["file"] == checkpoint.path.name and info["size"] == checkpoint.path.stat().st_size
     assert info["epoch"] == 2 and info["step_in_epoch"] == 5 and info["global_step"] == 21
     assert info["resume_epoch"] == 2 and info["resume_step"] == 5
     assert info["metrics"] == {"loss": 0.5}
     assert info["reason"] == "save" and info["run"] == "r" and info["time"].endswith("+00:00")
     assert store.latest() == checkpoint
-    assert sorted(os.listdir(store.directory)) == sorted([checkpoint.path.name, checkpoint.sidecar.name])
+    assert sorted(os.listdir(store.directory)) == sorted([checkpoint.path.name, checkpoint.sidecar.name, LOCK_FILE])
 
 
 def test_completed_epoch_resumes_at_the_next(tmp_path, trained):
@@ -53,8 +55,8 @@ def test_keeps_the_newest_n(ckdir, trained):
     for step in range(5):
         store.save(trained, TrainingPosition(epoch=0, step_in_epoch=step), reason="save")
     names = [c.path.name for c in store.list()]
-    assert names == ["ckpt-000004-epoch0000-step000003.keras", "ckpt-000005-epoch0000-step000004.keras"]
-    assert len(os.listdir(ckdir)) == 4
+    assert names == ["ckpt-000004-epoch0001-step000003.keras", "ckpt-000005-epoch0001-step000004.keras"]
+    assert len(os.listdir(ckdir)) == 5  # and the lock file
 
 
 @pytest.mark.parametrize("keep", [0, -1, 1.5, True])
@@ -63,7 +65,9 @@ def test_keep_must_be_a_positive_whole_number(tmp_path, keep):
         CheckpointStore(tmp_path, keep=keep)
 
 
-def test_a_model_file_without_sidecar_is_not_a_checkpoint_and_is_cleaned(ckdir, trained):
+def test_a_model_file_without_sidecar_is_not_a_checkpoint_and_not_ours_to_clean(ckdir, trained):
+    """Files that only look like a killed save's remains (no record of ours
+    says so) are not listed and stay; their number is not reused."""
     store = CheckpointStore(ckdir)
     first = store.save(trained, TrainingPosition(epoch=0, step_in_epoch=1), reason="save")
     (ckdir / "ckpt-000002-epoch0000-step000002.keras").write_bytes(b"half a zip")
@@ -73,9 +77,12 @@ def test_a_model_file_without_sidecar_is_not_a_checkpoint_and_is_cleaned(ckdir, 
     assert store.latest() == first
     second = store.save(trained, TrainingPosition(epoch=0, step_in_epoch=3), reason="save")
     assert second.sequence == 3
+    assert store.list() == [first, second]
     assert sorted(os.listdir(ckdir)) == sorted(
-        [first.path.name, first.sidecar.name, second.path.name, second.sidecar.name]
+        [first.path.name, first.sidecar.name, second.path.name, second.sidecar.name, LOCK_FILE,
+         "ckpt-000002-epoch0000-step000002.keras", ".partial-999999999-x"]
     )
+    assert (partial / "model.keras").read_bytes() == b"half"
 
 
 def test_loads_in_a_fresh_process_with_optimizer_state(tmp_path, trained):
@@ -124,7 +131,7 @@ def test_a_failing_save_keeps_the_previous_checkpoint_and_leaves_nothing(ckdir, 
     with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoint ckpt-000001"):
         store.save(Unsavable(), TrainingPosition(epoch=0, step_in_epoch=2), reason="save")
     assert store.list() == [first]
-    assert sorted(os.listdir(ckdir)) == sorted([first.path.name, first.sidecar.name])
+    assert sorted(os.listdir(ckdir)) == sorted([first.path.name, first.sidecar.name, LOCK_FILE])
 
 
 def test_a_full_disk_fails_the_save_with_a_clear_message(ckdir):
@@ -152,7 +159,7 @@ print("LATEST:", store.latest().path.name)
     assert result.returncode == 0, result.stderr
     assert "ERROR: Could not write a checkpoint" in result.stdout
     assert "LATEST: ckpt-000001" in result.stdout
-    assert [n for n in os.listdir(ckdir) if not n.startswith("ckpt-000001")] == []
+    assert [n for n in os.listdir(ckdir) if not n.startswith("ckpt-000001")] == [LOCK_FILE]
 
 
 SAVER = """

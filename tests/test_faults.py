@@ -37,7 +37,7 @@ import pytest
 from helpers import REPO, At, EventLog, child_env, run_python, wait_drained, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.channel import NotListeningError, send_command
-from jupyter_traincontrol.checkpoint import CheckpointStore, TrainingPosition
+from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointStore, TrainingPosition
 from jupyter_traincontrol.commands import Command, LineDecoder
 from jupyter_traincontrol.private_fs import UnsafePathError
 from jupyter_traincontrol.commands import ACTIVE_STATES
@@ -260,127 +260,13 @@ def test_fifo_deleted_or_replaced_under_a_live_fit_is_recreated(make_model, tiny
 
 # Checkpoints under SIGKILL ---------------------------------------------------
 
-#: The phases of `CheckpointStore.save`, told apart by where in checkpoint.py
-#: the saver is (the function, and in `save` the line).
-KILL_PHASES = ["prepare", "model-write", "sidecar-write", "rename-model", "commit",
-               "staging-cleanup", "flush", "prune"]
-
-# A saver that never imports TensorFlow (it starts in milliseconds), so 100
-# kill points cost seconds, not minutes. It forks one child per kill point.
-# The child saves in a loop with a stand-in model whose `save` writes the
-# bytes of a real .keras file in 8 chunks (the store does not care what
-# writes the staged file, only that it is written through the path it
-# gives); the audit hook names the phase of every file operation and, for
-# a targeted kill, SIGKILLs the child just before the k-th operation of the
-# chosen phase. A timed kill comes from the server after a random delay.
-# The phase last entered and the last sequence saved are shared through an
-# anonymous mmap, so they survive the kill.
-SAVER_SERVER = r'''
-import linecache, mmap, os, signal, struct, sys, time, traceback
-from jupyter_traincontrol import checkpoint as checkpoint_module
-from jupyter_traincontrol.checkpoint import CheckpointStore, TrainingPosition
-assert "tensorflow" not in sys.modules and "keras" not in sys.modules
-
-PHASES = sys.argv[1].split(",")
-SOURCE = checkpoint_module.__file__
-linecache.getlines(SOURCE)  # read the source now: the hook must not open files
-LINE_PHASES = [("model.save(", "model-write"), ("getsize", "model-write"), ("write_text", "sidecar-write"),
-               ("os.replace(staged_model", "rename-model"), ("os.replace(staged_info", "commit"),
-               ("rmtree(partial", "staging-cleanup")]
-FUNCTION_PHASES = {"_remove_partials": "prepare", "_next_sequence": "prepare", "_flush": "flush",
-                   "_remove_staging": "staging-cleanup", "_prune": "prune", "_remove_orphans": "prune"}
-MAX_SAVES = 12  # a kill point not reached by then is a bug of this test: exit 4
-shared = mmap.mmap(-1, 8)
-
-
-class StandInModel:
-    def __init__(self, data):
-        self.data = data
-
-    def save(self, path):
-        step = -(-len(self.data) // 8)
-        with open(path, "wb") as handle:
-            for start in range(0, len(self.data), step):
-                sys.audit("saver.chunk")
-                handle.write(self.data[start:start + step])
-
-
-def phase_here():
-    frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_filename == SOURCE and code.co_name in FUNCTION_PHASES:
-            return FUNCTION_PHASES[code.co_name]
-        if code.co_filename == SOURCE and code.co_name == "save":
-            line = linecache.getline(SOURCE, frame.f_lineno)
-            return next((phase for needle, phase in LINE_PHASES if needle in line), "prepare")
-        frame = frame.f_back
-    return None
-
-
-def life(directory, data, kill_phase, kill_at):
-    seen = {}
-    busy = []
-
-    def hook(event, args):
-        if busy or event in ("sys._getframe", "os.kill"):
-            return
-        busy.append(1)
-        try:
-            phase = phase_here()
-            if phase is None:
-                return
-            shared[0:4] = struct.pack("i", PHASES.index(phase))
-            seen[phase] = seen.get(phase, 0) + 1
-            if phase == kill_phase and seen[phase] == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-        finally:
-            busy.clear()
-
-    sys.addaudithook(hook)
-    store, model = CheckpointStore(directory, keep=2), StandInModel(data)
-    for step in range(1, MAX_SAVES + 1):
-        reason = "stop" if step % 3 == 0 else "save"  # both flush paths
-        checkpoint = store.save(model, TrainingPosition(epoch=0, step_in_epoch=step), reason=reason)
-        shared[4:8] = struct.pack("i", checkpoint.sequence)
-    os._exit(4)
-
-
-def answer(*words):
-    print(*words, flush=True)
-
-
-for line in sys.stdin:
-    command, directory, source, *rest = line.split()
-    with open(source, "rb") as handle:
-        data = handle.read()
-    if command == "TIME":  # how long one save takes here (in a scratch folder)
-        begin = time.perf_counter()
-        for step in range(3):
-            CheckpointStore(rest[0], keep=2).save(StandInModel(data), TrainingPosition(0, step), reason="save")
-        answer((time.perf_counter() - begin) / 3)
-        continue
-    if command == "CLEAN":  # one undisturbed save
-        checkpoint = CheckpointStore(directory, keep=2).save(StandInModel(data), TrainingPosition(1, 0), reason="save")
-        answer(checkpoint.sequence)
-        continue
-    mode, target, number = rest  # KILL op PHASE K | KILL timer - SECONDS
-    shared[0:8] = struct.pack("ii", -1, 0)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            life(directory, data, target if mode == "op" else None, int(number) if mode == "op" else 0)
-        except BaseException:
-            traceback.print_exc()
-        os._exit(3)
-    if mode == "timer":
-        time.sleep(float(number))
-        os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    phase, completed = struct.unpack("ii", shared[0:8])
-    killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    answer(int(killed), PHASES[phase] if phase >= 0 else "none", completed)
-'''
+#: The phases of `CheckpointStore.save`, as its ``on_phase`` hook names them
+#: (a kill lands just after the phase), plus ``model-write``: a chunk of the
+#: staged model file written.
+KILL_PHASES = ["locked", "recovered", "previous-flushed", "intent-recorded", "staging-created", "model-write",
+               "staged-model", "staged-sidecar", "model-renamed", "sidecar-committed", "staging-removed",
+               "intent-cleared", "flushed", "uncommitted", "pruned"]
+SAVER_SERVER = REPO / "tests" / "programs" / "saver_server.py"
 
 
 @pytest.fixture(scope="module")
@@ -406,11 +292,11 @@ def _sha(path) -> str:
 
 
 class SaverServer:
-    """The TensorFlow-free saver process, driven line by line."""
+    """The TensorFlow-free saver process (tests/programs/saver_server.py), driven line by line."""
 
     def __init__(self):
         self.process = subprocess.Popen(
-            [sys.executable, "-c", SAVER_SERVER, ",".join(KILL_PHASES)],
+            [sys.executable, str(SAVER_SERVER), ",".join(KILL_PHASES)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env(), text=True,
         )
 
@@ -434,16 +320,20 @@ class SaverServer:
 def test_sigkill_at_100_points_never_leaves_a_broken_latest_checkpoint(keras_files, tmp_path):
     """100 SIGKILLs during saves, in three sizes; after each, what is left is checked.
 
-    Kill points (seed 100): 75 targeted, just before the k-th file operation
-    (k drawn from 1-3) of a phase taken in turn from KILL_PHASES: prepare,
-    model-write, sidecar-write and rename-model get 10 each; commit,
-    staging-cleanup, flush and prune 9 each. The test asserts that each
-    landed in its phase. And 25 at a random moment within three saves' time;
-    their phases vary from run to run (printed with -s); one run gave
-    prepare 8, prune 7, flush 5, model-write 1, staging-cleanup 1, and 2
-    before the first file operation. Sizes: 34 kills with a 16 KB model,
-    33 with 1 MB, 33 with 6 MB.
+    The folder also holds files the store did not write (a hand copy, a
+    ModelCheckpoint file, another run's checkpoint, look-alikes of a killed
+    save's remains, a malformed sidecar): none is ever changed or removed.
+
+    Kill points (seed 100): 75 targeted, just after the k-th time (k drawn
+    from 1-3; 1 for ``recovered``, which a save reaches once, after a kill
+    left an intent) a save completes a phase taken in turn from KILL_PHASES,
+    5 for each of its 15 phases; the test asserts that each landed in its
+    phase. And 25 at a random moment within three saves' time; their phases
+    vary from run to run (printed with -s). Sizes: 34 kills with a 16 KB
+    model, 33 with 1 MB, 33 with 6 MB.
     """
+    from programs.foreign_files import fingerprint, plant
+
     rng = random.Random(100)
     server = SaverServer()
     landed = collections.Counter()
@@ -453,6 +343,8 @@ def test_sigkill_at_100_points_never_leaves_a_broken_latest_checkpoint(keras_fil
         targeted = 0
         for source, kills in zip(keras_files, plan):
             directory = tmp_path / source.stem
+            foreign = plant(directory, source.read_bytes())
+            foreign_prints = fingerprint(directory, foreign)
             source_sha, size = _sha(source), source.stat().st_size
             save_seconds = float(server.ask("TIME", directory, source, tmp_path / f"time-{source.stem}")[0])
             last_completed = 0
@@ -463,16 +355,20 @@ def test_sigkill_at_100_points_never_leaves_a_broken_latest_checkpoint(keras_fil
                 else:
                     target = KILL_PHASES[targeted % len(KILL_PHASES)]
                     targeted += 1
-                    killed, phase, completed = server.ask("KILL", directory, source, "op", target, rng.randint(1, 3))
+                    k = 1 if target == "recovered" else rng.randint(1, 3)
+                    killed, phase, completed = server.ask("KILL", directory, source, "op", target, k)
                     assert phase == target, f"kill aimed at {target!r} landed in {phase!r}"
                     landed[phase] += 1
                 assert killed == "1", "the saver was not killed (its kill point was never reached)"
                 last_completed = max(last_completed, int(completed))
-                _check_what_a_kill_left(directory, source_sha, size, last_completed)
+                _check_what_a_kill_left(directory, source_sha, size, last_completed, foreign)
+                assert fingerprint(directory, foreign) == foreign_prints, "a file that is not ours was changed"
             assert int(server.ask("CLEAN", directory, source)[0]) > last_completed
             store = CheckpointStore(directory)
             kept = {name for c in store.list() for name in (c.path.name, c.sidecar.name)}
-            assert sorted(os.listdir(directory)) == sorted(kept) and len(kept) == 4, "a save left debris behind"
+            assert len(kept) == 4
+            assert sorted(os.listdir(directory)) == sorted([*kept, *foreign, LOCK_FILE]), "a save left debris behind"
+            assert fingerprint(directory, foreign) == foreign_prints
             _check_loads(store.latest().path, source)
     finally:
         server.close()
@@ -481,10 +377,7 @@ def test_sigkill_at_100_points_never_leaves_a_broken_latest_checkpoint(keras_fil
     assert set(landed) == set(KILL_PHASES)
 
 
-def _check_what_a_kill_left(directory: Path, source_sha: str, size: int, last_completed: int) -> None:
-    if not directory.exists():  # killed before the first save created it
-        assert not last_completed
-        return
+def _check_what_a_kill_left(directory: Path, source_sha: str, size: int, last_completed: int, foreign: list[str]) -> None:
     store = CheckpointStore(directory)
     checkpoints = store.list()
     if last_completed:
@@ -492,10 +385,10 @@ def _check_what_a_kill_left(directory: Path, source_sha: str, size: int, last_co
     for checkpoint in checkpoints:
         assert checkpoint.info["size"] == size
         assert _sha(checkpoint.path) == source_sha, f"listed {checkpoint.path.name} is broken"
-    for name in os.listdir(directory):
+    for name in set(os.listdir(directory)) - set(foreign) - {LOCK_FILE}:
         path = directory / name
         if name.startswith(".partial-"):
-            assert path.is_dir()  # hidden staging of the killed save: removed by the next save
+            assert path.is_dir()  # hidden staging of the killed save: removed by the next run, by its intent record
         elif name.endswith(".keras"):
             # What a glob for *.keras sees is always a whole model (a model
             # file whose sidecar never landed is complete, just uncommitted).
@@ -604,8 +497,8 @@ def test_a_model_file_a_crash_left_short_is_not_a_checkpoint(tmp_path, make_mode
     third = store.save(model, TrainingPosition(0, 3), reason="save")
     assert third.sequence == 3  # the broken one's number is not reused
     assert sorted(os.listdir(store.directory)) == sorted(
-        [first.path.name, first.sidecar.name, third.path.name, third.sidecar.name]
-    )  # and its remains are cleaned up
+        [first.path.name, first.sidecar.name, third.path.name, third.sidecar.name, LOCK_FILE]
+    )  # and its remains are cleaned up (its sidecar says they are ours)
 
 
 def test_a_failing_flush_says_the_checkpoint_was_written_and_deletes_nothing(tmp_path, make_model, monkeypatch):
@@ -624,7 +517,7 @@ def test_a_failing_flush_says_the_checkpoint_was_written_and_deletes_nothing(tmp
         raise OSError(errno_module.EIO, "Input/output error")
 
     monkeypatch.setattr(checkpoint_module, "_fsync_file", failing_fsync)
-    with pytest.raises(CheckpointError, match=r"^Wrote ckpt-000002-epoch0000-step000002.keras, but could not flush "
+    with pytest.raises(CheckpointError, match=r"^Wrote ckpt-000002-epoch0001-step000002.keras, but could not flush "
                                               r"or remove older checkpoints in .*: Input/output error; older checkpoints may remain.$"):
         store.save(model, TrainingPosition(0, 2), reason="save")
     assert [c.sequence for c in store.list()] == [old.sequence, 2]
@@ -690,7 +583,7 @@ def test_a_full_disk_fails_the_save_clearly_and_training_goes_on_then_stops(make
     for error in errors:
         assert error.startswith(f"Could not write a checkpoint in {small_disk / 'ck'}: No space left on device; ")
         assert error.endswith(f"the previous checkpoint {first.path.name} is kept.")
-    assert sorted(os.listdir(small_disk / "ck")) == sorted([first.path.name, first.sidecar.name])
+    assert sorted(os.listdir(small_disk / "ck")) == sorted([first.path.name, first.sidecar.name, LOCK_FILE])
     (small_disk / "filler").unlink()
     import keras
 
@@ -750,7 +643,7 @@ def test_a_file_size_limit_fails_the_save_clearly_in_a_real_fit(tmp_path):
     name = Path(checkpoint).name
     assert len(report["errors"]) == 2
     assert all(e.endswith(f"File too large; the previous checkpoint {name} is kept.") for e in report["errors"])
-    assert report["files"] == sorted([name, name.replace(".keras", ".json")])
+    assert report["files"] == sorted([name, name.replace(".keras", ".json"), LOCK_FILE])
 
 
 # Security --------------------------------------------------------------------
@@ -778,15 +671,16 @@ def test_run_folder_fifo_and_record_are_private(make_model, tiny_data, tmp_path,
 
 
 def test_planted_symlinks_in_the_checkpoint_folder_are_never_followed(tmp_path, make_model):
-    """Staging folders and checkpoint names planted as symlinks: the store removes
-    or skips the links and never writes or deletes through them."""
+    """Staging folders and checkpoint names planted as symlinks: the store skips
+    the links (they are not its own: no sidecar of its says so, so they stay)
+    and never writes or deletes through them."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious.txt").write_text("keep me")
     ckdir = tmp_path / "ck"
     ckdir.mkdir()
-    (ckdir / ".partial-1-planted").symlink_to(outside)  # pid 1 lives: kept, but never entered
-    (ckdir / ".partial-999999999-planted").symlink_to(outside)  # a dead pid: rmtree refuses a link; the target stays
+    (ckdir / ".partial-1-planted").symlink_to(outside)
+    (ckdir / ".partial-999999999-planted").symlink_to(outside)
     (ckdir / "ckpt-000001-epoch0000-step000001.keras").symlink_to(outside / "precious.txt")
     store = CheckpointStore(ckdir, keep=1)
     model = make_model()
@@ -796,7 +690,9 @@ def test_planted_symlinks_in_the_checkpoint_folder_are_never_followed(tmp_path, 
     assert store.list() == [second]
     assert (outside / "precious.txt").read_text() == "keep me"
     assert sorted(os.listdir(outside)) == ["precious.txt"]
-    assert not os.path.lexists(ckdir / "ckpt-000001-epoch0000-step000001.keras")  # the orphan link was removed
+    planted = ["ckpt-000001-epoch0000-step000001.keras", ".partial-1-planted", ".partial-999999999-planted"]
+    assert all((ckdir / name).is_symlink() for name in planted)  # not ours: left as they were
+    assert sorted(os.listdir(ckdir)) == sorted([*planted, second.path.name, second.sidecar.name, LOCK_FILE])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant files owned by another user")

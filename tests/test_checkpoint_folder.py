@@ -1,0 +1,307 @@
+"""The checkpoint folder: one live run at a time, checked before the first step,
+private where the tool chooses it, and watched while the run holds it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from helpers import At, EventLog, TESTS_DIR, child_env, wait_until
+from jupyter_traincontrol import ControlCallback
+from jupyter_traincontrol.channel import send_command
+from jupyter_traincontrol.commands import Command
+from jupyter_traincontrol.checkpoint import (
+    LOCK_FILE,
+    CheckpointDirBusyError,
+    CheckpointDirChangedError,
+    CheckpointDirError,
+    CheckpointStore,
+    TrainingPosition,
+)
+
+BATCH = 8
+
+
+class StepCounter:
+    """A Keras callback that counts trained batches."""
+
+    def __new__(cls):
+        import keras
+
+        class _Counter(keras.callbacks.Callback):
+            batches = 0
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.batches += 1
+
+        return _Counter()
+
+
+def fit(model, data, *callbacks, epochs=2):
+    x, y = data
+    return model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Starts `hold_folder.py FOLDER NAME` in a process; kills it at teardown."""
+    started = []
+
+    def start(folder, name):
+        process = subprocess.Popen([sys.executable, str(TESTS_DIR / "programs" / "hold_folder.py"), str(folder), name],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env(), text=True)
+        started.append(process)
+        assert process.stdout.readline().split()[0] == "READY"
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+# One live run per folder --------------------------------------------------------
+
+
+def test_a_second_store_in_this_process_is_refused_until_the_first_lets_go(tmp_path):
+    first = CheckpointStore(tmp_path / "ck", run="first").acquire()
+    second = CheckpointStore(tmp_path / "ck", run="second")
+    with pytest.raises(CheckpointDirBusyError, match=rf"is in use by run 'first' \(pid {os.getpid()}\)"):
+        second.acquire()
+    assert not second.held
+    first.release()
+    first.release()  # idempotent
+    with second:
+        assert second.held
+    assert not second.held
+
+
+def test_a_save_of_a_second_store_fails_while_the_first_holds(tmp_path, make_model):
+    with CheckpointStore(tmp_path / "ck", run="first"):
+        with pytest.raises(CheckpointDirBusyError, match="in use by run 'first'"):
+            CheckpointStore(tmp_path / "ck", run="second").save(make_model(), TrainingPosition(0, 1), reason="save")
+    assert os.listdir(tmp_path / "ck") == [LOCK_FILE]
+
+
+def test_a_folder_held_by_another_process_is_free_once_it_is_killed(tmp_path, holder):
+    process = holder(tmp_path / "ck", "elsewhere")
+    with pytest.raises(CheckpointDirBusyError, match=rf"in use by run 'elsewhere' \(pid {process.pid}\)"):
+        CheckpointStore(tmp_path / "ck", run="mine").acquire()
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    with CheckpointStore(tmp_path / "ck", run="mine") as store:
+        assert store.held
+
+
+def test_a_second_fit_on_a_held_folder_fails_before_its_first_step(make_model, tiny_data, tmp_path, holder):
+    holder(tmp_path / "ck", "elsewhere")
+    counter = StepCounter()
+    callback = ControlCallback(name="second", checkpoint_dir=tmp_path / "ck", verbose=False)
+    with pytest.raises(CheckpointDirBusyError, match=f"{tmp_path / 'ck'} is in use by run 'elsewhere'"):
+        fit(make_model(), tiny_data, callback, counter)
+    assert counter.batches == 0
+    assert callback.state == "failed"
+
+
+def test_a_run_holds_its_folder_during_fit_and_lets_go_at_the_end(make_model, tiny_data, tmp_path):
+    callback = ControlCallback(name="first", checkpoint_dir=tmp_path / "ck", verbose=False)
+    errors = []
+
+    def second_fit(_):
+        try:
+            fit(make_model(seed=2), tiny_data, ControlCallback(name="second", checkpoint_dir=tmp_path / "ck", verbose=False))
+        except CheckpointDirBusyError as error:
+            errors.append(str(error))
+
+    fit(make_model(), tiny_data, callback, At(0, 2, second_fit), epochs=1)
+    assert len(errors) == 1 and "in use by run 'first'" in errors[0]
+    assert callback.state == "finished"
+    with CheckpointStore(tmp_path / "ck", run="third"):  # free again
+        pass
+
+
+# Checked when fit starts -----------------------------------------------------------
+
+
+def _fails_before_the_first_step(make_model, tiny_data, checkpoint_dir, match):
+    counter = StepCounter()
+    callback = ControlCallback(name="bad", checkpoint_dir=checkpoint_dir, verbose=False)
+    with pytest.raises(CheckpointDirError, match=match) as raised:
+        fit(make_model(), tiny_data, callback, counter)
+    assert str(checkpoint_dir) in str(raised.value)
+    assert counter.batches == 0 and callback.state == "failed"
+
+
+def test_a_checkpoint_dir_that_is_a_file_fails_at_fit_start(make_model, tiny_data, tmp_path):
+    (tmp_path / "ck").write_text("not a folder")
+    _fails_before_the_first_step(make_model, tiny_data, tmp_path / "ck", "is a regular file; expected a folder")
+    assert (tmp_path / "ck").read_text() == "not a folder"
+
+
+def test_a_checkpoint_dir_that_is_a_dangling_symlink_fails_at_fit_start(make_model, tiny_data, tmp_path):
+    (tmp_path / "ck").symlink_to(tmp_path / "gone")
+    _fails_before_the_first_step(make_model, tiny_data, tmp_path / "ck", "is a symlink to .*gone.*, which does not exist")
+    assert not (tmp_path / "gone").exists()
+
+
+def test_a_checkpoint_dir_below_a_file_fails_at_fit_start(make_model, tiny_data, tmp_path):
+    (tmp_path / "file").write_text("")
+    _fails_before_the_first_step(make_model, tiny_data, tmp_path / "file" / "ck", "Could not use checkpoint folder")
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder this user cannot write: by its mode, or (as root, whom modes do
+    not stop) by a read-only bind mount; skipped where neither works."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        yield folder
+        folder.chmod(0o700)
+        return
+    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"running as root, and cannot bind-mount a read-only folder here: {mounted.stderr.strip()}")
+    try:
+        remount = subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True, text=True)
+        if remount.returncode != 0:
+            pytest.skip(f"running as root, and cannot remount read-only here: {remount.stderr.strip()}")
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_an_unwritable_checkpoint_dir_fails_at_fit_start(make_model, tiny_data, read_only_folder):
+    _fails_before_the_first_step(make_model, tiny_data, read_only_folder, "not writable")
+
+
+# The folder the tool chooses is private ---------------------------------------------
+
+
+def test_the_default_folder_is_created_private(make_model, tiny_data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    old_umask = os.umask(0)
+    try:
+        callback = ControlCallback(name="defaulted", verbose=False)
+        fit(make_model(), tiny_data, callback, At(0, 1, lambda cb: callback.send("stop")))
+    finally:
+        os.umask(old_umask)
+    assert callback.state == "stopped" and len(callback.checkpoints) == 1
+    for folder in (tmp_path / "checkpoints", tmp_path / "checkpoints" / "defaulted"):
+        assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700
+
+
+def test_a_user_given_folder_keeps_its_mode_and_missing_parents_are_private(tmp_path):
+    given = tmp_path / "shared"
+    given.mkdir(mode=0o755)
+    given.chmod(0o755)
+    with CheckpointStore(given):
+        pass
+    assert stat.S_IMODE(given.stat().st_mode) == 0o755
+    old_umask = os.umask(0)
+    try:
+        with CheckpointStore(tmp_path / "new" / "deeper" / "ck"):
+            pass
+    finally:
+        os.umask(old_umask)
+    for folder in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "ck"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("where", ["checkpoints", "checkpoints/planted"])
+def test_a_symlink_planted_at_the_default_location_is_refused(make_model, tiny_data, tmp_path, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "attacker"
+    target.mkdir()
+    (tmp_path / where).parent.mkdir(mode=0o700, exist_ok=True)
+    (tmp_path / where).symlink_to(target)
+    counter = StepCounter()
+    with pytest.raises(CheckpointDirError, match=r"is unsafe: Refusing .*: it is a symlink"):
+        fit(make_model(), tiny_data, ControlCallback(name="planted", verbose=False), counter)
+    assert counter.batches == 0 and os.listdir(target) == []
+
+
+@pytest.mark.parametrize("where", ["checkpoints", "checkpoints/foreign"])
+def test_a_folder_of_another_user_at_the_default_location_is_refused(make_model, tiny_data, tmp_path, monkeypatch, where):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to plant a folder owned by another user (uid 65534)")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / where).mkdir(mode=0o777, parents=True)
+    os.chown(tmp_path / where, 65534, 65534)
+    counter = StepCounter()
+    with pytest.raises(CheckpointDirError, match=r"owned by uid 65534"):
+        fit(make_model(), tiny_data, ControlCallback(name="foreign", verbose=False), counter)
+    assert counter.batches == 0 and os.listdir(tmp_path / where) == []
+
+
+# The folder replaced under a live run --------------------------------------------------
+
+
+def test_a_folder_swapped_under_a_live_run_fails_the_next_save_and_training_goes_on(make_model, tiny_data, tmp_path):
+    ckdir = tmp_path / "ck"
+    log = EventLog()
+    callback = ControlCallback(name="swapped", checkpoint_dir=ckdir, verbose=False)
+    callback.lifecycle.add_listener(log)
+    trained_after = []
+
+    def script():
+        send_command(callback.fifo, "save")
+        log.wait_count("checkpoint", None, 1)
+        os.rename(ckdir, tmp_path / "moved")
+        ckdir.mkdir()
+        send_command(callback.fifo, "save")
+        log.wait_count("error", None, 1)
+        started = callback.lifecycle.step + 8 * callback.lifecycle.epoch
+        wait_until(lambda: callback.lifecycle.step + 8 * callback.lifecycle.epoch > started + 5, message="training to go on")
+        trained_after.append(callback.state)
+        send_command(callback.fifo, "stop")
+
+    failures = []
+
+    def guarded():
+        try:
+            script()
+        except BaseException as error:  # re-raised below; the fit must end either way
+            failures.append(error)
+            callback.lifecycle.channel.inject(Command.ABORT)
+
+    x, y = tiny_data
+    threads = []
+    start = At(0, 0, lambda cb: threads.append(_start_thread(guarded)))
+    make_model().fit(x, y, batch_size=BATCH, epochs=100_000, verbose=0, callbacks=[callback, start])
+    threads[0].join(10)
+    if failures:
+        raise failures[0]
+    assert trained_after == ["running"] and callback.state == "stopped"
+    errors = log.messages("error")
+    assert len(errors) == 2  # the save and the stop's checkpoint
+    assert all(f"Checkpoint folder {ckdir} was replaced while run 'swapped' held it" in e for e in errors)
+    assert os.listdir(ckdir) == []  # nothing written into the impostor
+    assert len([n for n in os.listdir(tmp_path / "moved") if n.endswith(".keras")]) == 1
+
+
+def _start_thread(target):
+    import threading
+
+    thread = threading.Thread(target=target, name="test-swap", daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_folder_removed_under_a_held_store_fails_the_save_clearly(tmp_path, make_model):
+    import shutil
+
+    store = CheckpointStore(tmp_path / "ck").acquire()
+    try:
+        shutil.rmtree(tmp_path / "ck")
+        with pytest.raises(CheckpointDirChangedError, match="it now leads to nothing"):
+            store.save(make_model(), TrainingPosition(0, 1), reason="save")
+    finally:
+        store.release()
