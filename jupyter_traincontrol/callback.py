@@ -222,6 +222,7 @@ class ControlCallback(keras.callbacks.Callback):
         control = self._control
         control.step = self._step
         control.metrics = logs or control.metrics
+        control.loss_curve.add(logs.get("loss") if logs else None)  # front: per-batch loss series
         control.touch()
         if self._channel.pending:
             self._apply_commands(mid_epoch=True)

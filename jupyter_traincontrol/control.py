@@ -25,6 +25,7 @@ from typing import Any, Callable
 from .channel import ChannelError, CommandChannel, NotListeningError, open_channel, send_command
 from .checkpoint import Checkpoint, CheckpointStore
 from .commands import Command, Rejected, parse_command
+from .loss_curve import LossCurve  # front: per-batch loss series
 from .registry import FINAL_STATES, STATES, NameTakenError, RunFolder, unique_name, validate_name
 
 __all__ = ["RunControl", "RunEvent"]
@@ -97,6 +98,7 @@ class RunControl:
         self.global_step: int | None = None
         self.metrics: dict[str, float] = {}
         self.epoch_history: list[dict[str, Any]] = []
+        self.loss_curve = LossCurve()  # front: fed by the callback on each batch end
         self._progress_version = 0
         self._published_version = -1
         self._last_publish = 0.0
@@ -131,6 +133,7 @@ class RunControl:
         self.events.clear()
         self.epoch, self.step, self.global_step, self.metrics = 0, 0, None, {}
         self.epoch_history = []
+        self.loss_curve = LossCurve()  # front
         try:
             self.channel = open_channel(
                 self._folder.path,
@@ -260,7 +263,7 @@ class RunControl:
 
     def record_epoch(self, epoch: int, logs: dict[str, Any] | None) -> None:
         """Keeps an epoch's final metrics for charts."""
-        entry = {"epoch": epoch + 1}
+        entry = {"epoch": epoch + 1, "batch": self.loss_curve.batches}  # front: batch index of the epoch end
         for key, value in (logs or {}).items():
             try:
                 entry[key] = float(value)
@@ -276,6 +279,7 @@ class RunControl:
     def record(self) -> dict[str, Any]:
         """The run's record as published (without the registry's fields)."""
         channel = self.channel
+        checkpoints = self.checkpoints()
         return {
             **self._extra_record,
             "state": self.state,
@@ -284,7 +288,8 @@ class RunControl:
             "fifo": channel.address if channel is not None and channel.kind == "fifo" else None,
             "address": channel.address if channel is not None else None,
             "checkpoint_dir": str(self.store.directory) if self.store else None,
-            "checkpoints": [str(c.path) for c in self.checkpoints()],
+            "checkpoints": [str(c.path) for c in checkpoints],
+            "checkpoints_this_run": sum(1 for c in checkpoints if _written_since(c, self.started)),  # front
             "epoch": self.epoch,
             "epochs": self.epochs,
             "step": self.step,
@@ -292,6 +297,7 @@ class RunControl:
             "global_step": self.global_step,
             "metrics": dict(self.metrics),
             "history": list(self.epoch_history[-200:]),
+            "loss_curve": self.loss_curve.points(),  # front
             "events": list(self.events)[-20:],
             "error": self.error,
             "started": self.started,
@@ -349,3 +355,16 @@ class RunControl:
             channel.inject(command)
             self.log("warning", f"Delivered {command} directly: {error}")
         return command
+
+
+def _written_since(checkpoint: Checkpoint, started: float | None) -> bool:
+    """front: True if the checkpoint's sidecar time (whole seconds, UTC) is
+    not before `started`: it was written by this run, not an earlier one of
+    the same name."""
+    import datetime
+
+    try:
+        written = datetime.datetime.fromisoformat(str(checkpoint.info.get("time"))).timestamp()
+    except ValueError:
+        return False
+    return started is not None and written >= int(started)

@@ -19,6 +19,7 @@ With no active run, interrupts behave exactly as without the extension.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from .run import TrainingRun, active_runs
@@ -77,17 +78,34 @@ class TrainControlExtension:
         self.watcher = None
         self._original_do_shutdown = None
         self._kernel_id = _kernel_id() if self.kernel is not None else None
+        self._in_cell = False  # front: see kernel_busy
 
     @property
     def kernel_busy(self) -> bool:
-        """True while the kernel handles a cell (as far as the watcher knows)."""
-        return bool(self.watcher and self.watcher.busy)
+        """True while the kernel's main thread runs a cell (an execute request).
+
+        front: not the watcher's ``busy``, which is also True while the
+        kernel handles comm messages (widget clicks) and other requests.
+        """
+        return self._in_cell
+
+    # front: cell tracking for kernel_busy (IPython events, main thread only;
+    # a cell of a subshell runs on its own thread and does not block clicks).
+    def _cell_began(self, info=None) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._in_cell = True
+
+    def _cell_ended(self, result=None) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._in_cell = False
 
     def load(self) -> None:
         """Registers the magic and hooks the kernel (if any)."""
         self.shell.register_magics(self.magics)
         if self.kernel is None:
             return
+        self.shell.events.register("pre_run_cell", self._cell_began)  # front
+        self.shell.events.register("post_run_cell", self._cell_ended)  # front
         from .kernel_signals import KernelInterruptWatcher
 
         self.watcher = KernelInterruptWatcher(self.kernel, self._on_interrupt, lambda: bool(active_runs()))
@@ -117,6 +135,9 @@ class TrainControlExtension:
             self.watcher.uninstall()
             self.watcher = None
         if self.kernel is not None:
+            for name, callback in (("pre_run_cell", self._cell_began), ("post_run_cell", self._cell_ended)):  # front
+                if callback in self.shell.events.callbacks[name]:
+                    self.shell.events.unregister(name, callback)
             if self._original_do_shutdown is None:
                 self.kernel.__dict__.pop("do_shutdown", None)
             else:
