@@ -263,7 +263,9 @@ class RunControl:
 
     def record_epoch(self, epoch: int, logs: dict[str, Any] | None) -> None:
         """Keeps an epoch's final metrics for charts."""
-        entry = {"epoch": epoch + 1, "batch": self.loss_curve.batches}  # front: batch index of the epoch end
+        entry = {"epoch": epoch + 1}
+        if self.loss_curve.batches:  # front: the batch index of the epoch's end, across epochs
+            entry["batch"] = self.loss_curve.batches
         for key, value in (logs or {}).items():
             try:
                 entry[key] = float(value)
