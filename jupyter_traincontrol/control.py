@@ -360,13 +360,10 @@ class RunControl:
 
 
 def _written_since(checkpoint: Checkpoint, started: float | None) -> bool:
-    """front: True if the checkpoint's sidecar time (whole seconds, UTC) is
-    not before `started`: it was written by this run, not an earlier one of
-    the same name."""
-    import datetime
-
+    """front: True if the checkpoint's file was written since `started`: by
+    this run, not an earlier one of the same name (the sidecar's time has
+    whole seconds only, too coarse when a run restarts at once)."""
     try:
-        written = datetime.datetime.fromisoformat(str(checkpoint.info.get("time"))).timestamp()
-    except ValueError:
+        return started is not None and checkpoint.path.stat().st_mtime >= started
+    except OSError:
         return False
-    return started is not None and written >= int(started)

@@ -175,14 +175,12 @@ export class RunCard {
     const mine = Math.min(paths.length, run.checkpoints_this_run ?? paths.length);
     const earlier = paths.length - mine;
     if (isActive(run)) {
-      const words =
-        mine > 0
-          ? `${mine} checkpoint${mine > 1 ? 's' : ''} this run · latest ${baseName(paths[paths.length - 1])}`
-          : 'no checkpoint this run yet';
+      const counts =
+        `${mine} checkpoint${mine === 1 ? '' : 's'} this run` + (earlier > 0 ? `, ${earlier} earlier` : '');
       const latest = text(
         'div',
         'jp-TrainControl-checkpointSummary',
-        earlier > 0 ? `${words} (${earlier} earlier)` : words
+        mine > 0 ? `${counts} · latest ${baseName(paths[paths.length - 1])}` : counts
       );
       latest.title = paths.join('\n');
       return [latest];
