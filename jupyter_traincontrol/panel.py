@@ -134,8 +134,9 @@ def loss_chart_svg(history: list[dict], loss_curve: list | None = None, width: i
 
     unit = "batch" if by_batch else "epoch"
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="traincontrol-chart" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" style="font:11px sans-serif;fill:{_TEXT}">',
+        # Scales down to a narrow output area (never up): the viewBox keeps its proportions.
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="traincontrol-chart" viewBox="0 0 {width} {height}" '
+        f'style="width:100%;max-width:{width}px;height:auto;font:11px sans-serif;fill:{_TEXT}">',
         # The legend, above the plot.
         f'<line x1="{left}" y1="8" x2="{left + 14}" y2="8" style="stroke:{_LOSS_COLOR}" stroke-width="2"/>',
         f'<text x="{left + 18}" y="11">loss (smoothed)</text>',
@@ -216,7 +217,7 @@ class ControlPanel:
         self.run_progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(flex="1 1 auto", height="14px", min_width="4em"))
         self.stats = widgets.HTML()
         self.metrics = widgets.HTML()
-        self.chart = widgets.HTML()
+        self.chart = widgets.HTML(layout=widgets.Layout(flex="0 1 380px", min_width="0"))
         self.log = widgets.HTML(layout=full)
         self.output = widgets.HTML(layout=full)
         self.note = widgets.HTML(layout=full)
@@ -240,7 +241,7 @@ class ControlPanel:
                 widgets.HBox([self.run_label, self.run_progress], layout=row),
                 self.stats,
                 widgets.HBox(list(self.buttons.values()), layout=widgets.Layout(flex_flow="row wrap")),
-                widgets.HBox([self.chart, self.metrics], layout=widgets.Layout(flex_flow="row wrap")),
+                widgets.HBox([self.chart, self.metrics], layout=widgets.Layout(flex_flow="row wrap", width="100%")),
                 self.note,
                 self.log,
                 self.output,
@@ -287,7 +288,7 @@ class ControlPanel:
         self.title.value = (
             f'<b style="font-size:14px">{html.escape(str(run.name))}</b> '
             f'<span style="background:{_STATE_COLORS[state]};color:white;border-radius:8px;padding:1px 8px;font-size:12px">{state}</span>'
-            f' <span style="color:#777;font-size:12px">checkpoints in {html.escape(str(control.store.directory if control.store else "-"))}</span>'
+            f' <span style="color:#777;font-size:12px">checkpoints in {_path_html(control.store.directory if control.store else "-")}</span>'
         )
         steps, epochs = control.steps or 0, control.epochs or 0
         self.progress.max = max(1, steps)
@@ -363,6 +364,13 @@ class ControlPanel:
             '<div style="font-size:11px;color:#777;line-height:1.4">Output of the training thread:</div>'
             f'<pre style="max-height:12em;overflow:auto;font-size:11px;margin:0;line-height:1.3">{html.escape(tail)}</pre>'
         )
+
+
+def _path_html(path) -> str:
+    """A path that wraps only after a ``/`` (never at a ``-`` inside a name)."""
+    parts = str(path).split("/")
+    pieces = [html.escape(part + "/") for part in parts[:-1]] + [html.escape(parts[-1])]
+    return "<wbr>".join(f'<span style="white-space:nowrap">{piece}</span>' for piece in pieces if piece)
 
 
 def _bar_label(text: str) -> str:
