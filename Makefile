@@ -27,14 +27,19 @@ demo: $(STAMP)
 	$(BIN)/python examples/notebook_demo.py
 	$(BIN)/python examples/script_demo.py
 
-## lab: the headless demo, then JupyterLab on the quickstart notebook
+## lab: the headless demo, then JupyterLab on a copy of the example notebooks
+## in work/ (ignored by git), so running them leaves the tracked ones clean;
+## copies already there are kept (your edits and outputs stay yours)
+LAB_DIR ?= work
 lab: demo
-	cd notebooks && $(BIN)/jupyter lab quickstart.ipynb $(LAB_FLAGS)
+	mkdir -p $(LAB_DIR)
+	cp -n notebooks/*.ipynb $(LAB_DIR)/
+	cd $(LAB_DIR) && $(BIN)/jupyter lab quickstart.ipynb $(LAB_FLAGS)
 
 ## test: the whole test suite (what CI runs)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info checkpoints notebooks/checkpoints test-artifacts \
+	rm -rf $(VENV) build *.egg-info checkpoints notebooks/checkpoints test-artifacts work \
 	       labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo jupyter_traincontrol/labextension

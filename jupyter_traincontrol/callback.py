@@ -220,6 +220,7 @@ class ControlCallback(keras.callbacks.Callback):
         lifecycle = self.lifecycle
         lifecycle.step = self._step
         lifecycle.metrics = logs or lifecycle.metrics
+        lifecycle.loss_curve.add(logs.get("loss") if logs else None)
         lifecycle.touch()
         if self._channel.pending:
             self._apply_pending(mid_epoch=True)

@@ -32,6 +32,7 @@ from typing import Any, Callable
 from .channel import ChannelError, CommandChannel, NotListeningError, open_channel, send_command
 from .checkpoint import Checkpoint, CheckpointStore
 from .commands import FINAL_STATES, Command, Rejected, Request, RunState, allowed_commands, parse_request
+from .loss_curve import LossCurve
 from .registry import NameTakenError, RunFolder, unique_name, validate_name
 
 __all__ = ["RunLifecycle", "RunEvent"]
@@ -116,6 +117,7 @@ class RunLifecycle:
         self.global_step: int | None = None
         self.metrics: dict[str, float] = {}
         self.epoch_history: list[dict[str, Any]] = []
+        self.loss_curve = LossCurve()  # the loss of every batch, for charts (fed by the callback)
         self._progress_version = 0
         self._published_version = -1
         self._last_publish = 0.0
@@ -313,6 +315,8 @@ class RunLifecycle:
     def record_epoch(self, epoch: int, logs: dict[str, Any] | None) -> None:
         """Keeps an epoch's final metrics for charts."""
         entry = {"epoch": epoch + 1}
+        if self.loss_curve.batches:  # the batch index of the epoch's end, counted across epochs
+            entry["batch"] = self.loss_curve.batches
         for key, value in (logs or {}).items():
             try:
                 entry[key] = float(value)
@@ -333,6 +337,7 @@ class RunLifecycle:
     def record(self) -> dict[str, Any]:
         """The run's record as published (without the registry's fields)."""
         channel = self.channel
+        checkpoints = self.checkpoints()
         return {
             **self._extra_record,
             "state": str(self.state),
@@ -343,6 +348,7 @@ class RunLifecycle:
             "address": channel.address if channel is not None else None,
             "checkpoint_dir": str(self.store.directory) if self.store else None,
             "checkpoints": [str(c.path) for c in self._checkpoints],
+            "checkpoints_this_run": sum(1 for c in self._checkpoints if c.info.get("run_id") == self.store.run_id),
             "epoch": self.epoch,
             "epochs": self.epochs,
             "step": self.step,
@@ -350,6 +356,7 @@ class RunLifecycle:
             "global_step": self.global_step,
             "metrics": _finite_numbers(self.metrics),
             "history": [_finite_numbers(entry) for entry in self.epoch_history[-200:]],
+            "loss_curve": self.loss_curve.points(),
             "events": list(self.events)[-20:],
             "acks": list(self.acks),
             "error": self.error,

@@ -194,7 +194,10 @@ def test_side_panel_shows_a_run_and_stops_it(jupyter, page, training, tmp_path):
     assert words(card.locator(".jp-TrainControl-where")) == f"train_with_control.py · pid {script.process.pid}"
     # Two epochs done: a loss chart with a line for loss and one for val_loss.
     card.locator("polyline.jp-TrainControl-chartValLoss").wait_for(timeout=60_000)
-    assert re.fullmatch(r"epoch \d+/200 · batch \d+/14 · \d+s elapsed", words(card.locator(".jp-TrainControl-progressText")))
+    # Two bars, labelled: the epoch in progress and the whole run.
+    assert re.fullmatch(r"Epoch \d+/200 · batch \d+/14", words(card.locator(".jp-mod-epoch .jp-TrainControl-barLabel")))
+    assert re.fullmatch(r"Run \d+%", words(card.locator(".jp-mod-run .jp-TrainControl-barLabel")))
+    assert re.fullmatch(r"\d+s elapsed", words(card.locator(".jp-TrainControl-progressText")))
     assert words(card.locator(".jp-TrainControl-metrics")).startswith("loss ")
     assert [b.inner_text() for b in card.locator("button").all()] == ["Save", "Stop", "Abort", "Pause"]
     screenshot(panel, "panel-running")
@@ -321,6 +324,10 @@ print("foreground cell done")""",
     # 3: another run, to be stopped from its own panel while the kernel is idle
     """%%interruptible_fit --name nb-idle --checkpoint-dir {ck}/nb-idle
 history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)""",
+    # 4: a run that keeps its own cell busy until it ends
+    """%%interruptible_fit --wait --name nb-wait --checkpoint-dir {ck}/nb-wait
+history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)
+print("wait cell done")""",
 ]
 
 _KERNEL_STATE = """() => {
@@ -391,3 +398,93 @@ def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page,
     (checkpoint,) = [item.get_attribute("data-path") for item in idle_card.locator(".jp-TrainControl-checkpoint").all()]
     assert read_sidecar(checkpoint)["reason"] == "stop"
     screenshot(page, "notebook-idle-kernel-widget-stop")
+
+
+def record_of(name: str) -> dict:
+    """The run's record in the registry (this test's runtime dir), or {}."""
+    from jupyter_traincontrol.registry import list_runs
+
+    return next((record for record in list_runs(clean=False) if record.get("name") == name), {})
+
+
+def timed(predicate, timeout: float, message: str) -> float:
+    """Seconds until `predicate` holds (polled every 20 ms)."""
+    import time
+
+    started = time.monotonic()
+    wait_until(predicate, timeout=timeout, interval=0.02, message=message)
+    return time.monotonic() - started
+
+
+#: A command acts at the next batch boundary (batches take ~50 ms here); a
+#: checkpoint costs ~0.1-0.5 s on this shared machine. "About a second".
+PROMPT_SECONDS = 2.0
+
+
+def test_notebook_panel_buttons_act_at_once_while_the_kernel_is_busy(jupyter, page, tmp_path):
+    server = jupyter("lab")
+    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
+    (server.root / "train.ipynb").write_text(_notebook(cells))
+    page.goto(f"{server.url}/lab/tree/train.ipynb?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    wait_idle(page)
+    run_cell(page, 0)
+    wait_idle(page)
+    run_cell(page, 1)
+    panel = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".traincontrol-panel.traincontrol-run-nb-busy")
+    panel.locator("button.traincontrol-command-stop").wait_for()
+    wait_idle(page)
+    wait_until(lambda: record_of("nb-busy").get("step"), timeout=60, message="nb-busy training")
+    # The labextension marks the panels whose clicks it sends to the server.
+    page.locator(".traincontrol-panel.traincontrol-run-nb-busy.traincontrol-direct").wait_for()
+
+    run_cell(page, 2)  # a foreground time.sleep loop: the kernel is busy for two minutes
+    wait_until(lambda: kernel_state(page) == "connected/busy", timeout=10, message="a busy kernel")
+
+    panel.locator("button.traincontrol-command-save").click()
+    seconds = timed(lambda: record_of("nb-busy").get("checkpoints"), 30, "the checkpoint of Save")
+    print(f"save while busy: checkpoint listed after {seconds:.2f} s")
+    assert seconds < PROMPT_SECONDS + 1  # the record is published at most twice a second
+
+    panel.locator("button.traincontrol-command-pause").click()
+    seconds = timed(lambda: record_of("nb-busy").get("state") == "paused", 30, "paused")
+    print(f"pause while busy: paused after {seconds:.2f} s")
+    assert seconds < PROMPT_SECONDS
+    # The panel's widgets are updated from the training side (IOPub), busy or not.
+    resume = panel.locator("button.traincontrol-command-resume", has_text="Resume")
+    resume.wait_for(timeout=10_000)
+    assert not panel.locator(".traincontrol-busy-note").is_visible(), "clicks do not wait here: no busy notice"
+    screenshot(panel, "notebook-panel-paused-busy-kernel")
+    resume.click()
+    seconds = timed(lambda: record_of("nb-busy").get("state") == "running", 30, "running again")
+    print(f"resume while busy: running after {seconds:.2f} s")
+    assert seconds < PROMPT_SECONDS
+
+    panel.locator("button.traincontrol-command-stop").click()
+    seconds = timed(lambda: record_of("nb-busy").get("state") == "stopped", 30, "stopped")
+    print(f"stop while busy: stopped after {seconds:.2f} s")
+    assert seconds < PROMPT_SECONDS
+    assert kernel_state(page) == "connected/busy", "the foreground cell should still run"
+    record = record_of("nb-busy")
+    assert [read_sidecar(path)["reason"] for path in record["checkpoints"]] == ["save", "stop"]
+    assert record["checkpoints_this_run"] == 2
+    screenshot(page, "notebook-panel-stopped-busy-kernel")
+
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+    wait_idle(page, timeout=30)
+
+    # A --wait run keeps its own cell busy: its panel's Stop acts at once too.
+    run_cell(page, 4)
+    wait_panel = page.locator(".jp-Notebook .jp-Cell").nth(4).locator(".traincontrol-panel.traincontrol-run-nb-wait")
+    wait_panel.locator("button.traincontrol-command-stop").wait_for()
+    wait_until(lambda: record_of("nb-wait").get("step"), timeout=60, message="nb-wait training")
+    assert kernel_state(page) == "connected/busy"
+    page.locator(".traincontrol-panel.traincontrol-run-nb-wait.traincontrol-direct").wait_for()
+    wait_panel.locator("button.traincontrol-command-stop").click()
+    seconds = timed(lambda: record_of("nb-wait").get("state") == "stopped", 30, "nb-wait stopped")
+    print(f"stop of a --wait run: stopped after {seconds:.2f} s")
+    assert seconds < PROMPT_SECONDS
+    page.locator(".jp-Notebook .jp-Cell").nth(4).locator(".jp-OutputArea-output").get_by_text("wait cell done", exact=True).wait_for(timeout=30_000)
+    wait_idle(page, timeout=30)
+    screenshot(page, "notebook-wait-run-stopped")

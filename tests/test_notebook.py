@@ -87,13 +87,52 @@ def test_interrupt_during_a_busy_cell_interrupts_that_cell_and_stops_the_run(ker
 
 def test_the_panel_says_when_clicks_must_wait_for_a_busy_kernel(kernel):
     start_fit(kernel, "waiting")
-    msg_id = kernel.start_busy_cell(seconds=2)
-    result = kernel.collect(msg_id, timeout=30)
+    # A cell that keeps the kernel busy until the panel says so (or 20 s pass).
+    result = kernel.execute(
+        "import time\n"
+        "deadline = time.monotonic() + 20\n"
+        f"while 'kernel is busy' not in {RUN}.panel.note.value and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        f"print('busy note:', 'kernel is busy' in {RUN}.panel.note.value)\n",
+        timeout=30,
+    )
+    assert "busy note: True" in result.stdout, "the panel never said the kernel was busy"
     updates = [m["content"]["data"].get("state", {}) for m in result.messages if m["msg_type"] == "comm_msg"]
     notes = [state.get("value", "") for state in updates if "kernel is busy" in str(state.get("value", ""))]
-    assert notes, "the panel never said the kernel was busy"
-    assert "jupyter-traincontrol send waiting stop" in notes[0]
+    assert notes and "jupyter-traincontrol send waiting stop" in notes[0]
+    assert 'class="traincontrol-busy-note"' in notes[0]  # what the JupyterLab extension hides
     kernel.wait_for(f"'kernel is busy' not in {RUN}.panel.note.value", timeout=10)
+    kernel.execute(f"{RUN}.abort()")
+    kernel.wait_for(f"{RUN}.state == 'aborted'")
+
+
+def test_the_busy_notice_follows_cells_not_widget_clicks(kernel):
+    """Clicking Resume on an idle kernel once left the notice saying the
+    kernel was busy: a comm message is not a cell."""
+    start_fit(kernel, "notice")
+    note_id, pause_id, stats_id = kernel.value(
+        f"[{RUN}.panel.note.model_id, {RUN}.panel.buttons['pause'].model_id, {RUN}.panel.stats.model_id]"
+    )
+    kernel.click(pause_id)
+    kernel.wait_for(f"{RUN}.state == 'paused'", timeout=30)
+    kernel.click(pause_id)  # now labelled Resume
+    # No cell runs from here: watch the panel's updates on IOPub until the
+    # button says Pause again and the panel has redrawn three more times.
+    notes, resumed, redraws = [], False, 0
+    deadline = time.monotonic() + 30
+    while redraws < 3:
+        msg = kernel.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))  # raises once the deadline passes
+        if msg["msg_type"] != "comm_msg":
+            continue
+        comm_id, state = msg["content"]["comm_id"], msg["content"]["data"].get("state", {})
+        if comm_id == pause_id and state.get("description") == "Pause":
+            resumed = True
+        elif resumed and comm_id == note_id and "value" in state:
+            notes.append(state["value"])
+        elif resumed and comm_id == stats_id:
+            redraws += 1
+    assert not [note for note in notes if "kernel is busy" in note], notes
+    assert kernel.value(f"{RUN}.state") == "running"
     kernel.execute(f"{RUN}.abort()")
     kernel.wait_for(f"{RUN}.state == 'aborted'")
 

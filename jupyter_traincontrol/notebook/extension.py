@@ -36,6 +36,7 @@ imports neither Keras nor TensorFlow: they load when the first run starts.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +110,7 @@ class TrainControlMagics(Magics):
         self.watcher = None
         self._original_do_shutdown = None
         self._kernel_id = _kernel_id() if self.kernel is not None else None
+        self._in_cell = False
 
     # Loading and unloading ------------------------------------------------
 
@@ -117,6 +119,8 @@ class TrainControlMagics(Magics):
         self.shell.register_magics(self)
         if self.kernel is None:
             return
+        self.shell.events.register("pre_run_cell", self._cell_began)
+        self.shell.events.register("post_run_cell", self._cell_ended)
         from .kernel_interrupts import KernelInterruptWatcher
 
         self.watcher = KernelInterruptWatcher(self.kernel, self._on_interrupt, lambda: bool(active_runs()))
@@ -146,6 +150,9 @@ class TrainControlMagics(Magics):
             self.watcher.uninstall()
             self.watcher = None
         if self.kernel is not None:
+            for name, callback in (("pre_run_cell", self._cell_began), ("post_run_cell", self._cell_ended)):
+                if callback in self.shell.events.callbacks[name]:
+                    self.shell.events.unregister(name, callback)
             if self._original_do_shutdown is None:
                 self.kernel.__dict__.pop("do_shutdown", None)
             else:
@@ -153,8 +160,22 @@ class TrainControlMagics(Magics):
 
     @property
     def kernel_busy(self) -> bool:
-        """True while the kernel handles a cell (as far as the watcher knows)."""
-        return bool(self.watcher and self.watcher.busy)
+        """True while the kernel's main thread runs a cell (an execute request).
+
+        Not the interrupt watcher's ``busy``, which is also True while the
+        kernel handles comm messages (widget clicks) and other requests.
+        """
+        return self._in_cell
+
+    # IPython events, main thread only: a cell of a subshell runs on its own
+    # thread and does not hold clicks back.
+    def _cell_began(self, info=None) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._in_cell = True
+
+    def _cell_ended(self, result=None) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._in_cell = False
 
     # The magic --------------------------------------------------------------
 

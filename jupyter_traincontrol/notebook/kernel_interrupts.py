@@ -151,7 +151,11 @@ class KernelInterruptWatcher:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def _pre_hook(self) -> None:
-        self.busy = True
+        # ipykernel 7 also calls the hooks on subshell threads (a
+        # comm message routed to a subshell), where its own post hook then
+        # raises before ours runs: only the main thread's messages count.
+        if threading.current_thread() is threading.main_thread():
+            self.busy = True
 
     def _post_hook(self) -> None:
         self.busy = False

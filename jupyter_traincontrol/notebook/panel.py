@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import datetime
 import html
+import math
 import queue
 import sys
 import threading
@@ -22,6 +23,7 @@ import time
 from typing import Callable
 
 from ..commands import COMMAND_HELP, FINAL_STATES, Command, allowed_commands
+from ..loss_curve import smooth, use_log_scale
 
 __all__ = ["ControlPanel", "TextReporter", "loss_chart_svg"]
 
@@ -40,50 +42,108 @@ def _clock(seconds: float | None) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def loss_chart_svg(history: list[dict], width: int = 360, height: int = 130) -> str:
-    """An inline SVG chart of loss and val_loss per epoch (no plotting library).
+_LOSS_COLOR = "var(--jp-brand-color1, #1a73e8)"
+_VAL_COLOR = "var(--jp-warn-color1, #e37400)"
+_TEXT = "var(--jp-ui-font-color1, #333)"
+_MUTED = "var(--jp-ui-font-color2, #777)"
+_FRAME = "var(--jp-border-color1, #ccc)"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def loss_chart_svg(history: list[dict], loss_curve: list | None = None, width: int = 380, height: int = 150) -> str:
+    """An inline SVG chart of the loss per batch, smoothed, with the
+    per-epoch validation loss on top (no plotting library).
+
+    The loss is drawn per batch (faint) and smoothed with TensorBoard's
+    debiased moving average, so even a long first epoch shows its fall. The
+    legend sits above the plot, never on the lines. The y axis is
+    logarithmic only when all values are > 0 and span more than 10x
+    (`loss_curve.use_log_scale`, the side panel's policy too).
 
     Args:
-        history: Per-epoch entries such as ``{"epoch": 1, "loss": 0.5, "val_loss": 0.6}``.
+        history: Per-epoch entries such as ``{"epoch": 1, "batch": 100,
+            "loss": 0.5, "val_loss": 0.6}`` (``batch``: batches done at the
+            epoch's end, counted across epochs).
+        loss_curve: ``[[batch, loss], ...]`` (loss None for a NaN). Without
+            it, the per-epoch losses are drawn.
 
     Returns:
         SVG markup, or a short note while there is nothing to draw.
     """
-    series = {key: [(h["epoch"], h[key]) for h in history if isinstance(h.get(key), (int, float))] for key in ("loss", "val_loss")}
-    points = [value for values in series.values() for _, value in values]
-    if not points:
-        return '<div style="color:#777;font-size:12px">The loss chart appears after the first epoch.</div>'
-    epochs = [epoch for values in series.values() for epoch, _ in values]
-    low, high = min(points), max(points)
-    if high - low < 1e-12:
-        low, high = low - 0.5, high + 0.5
-    first, last = min(epochs), max(epochs)
-    left, right, top, bottom = 48, 10, 10, 22
-    plot_w, plot_h = width - left - right, height - top - bottom
+    by_batch = bool(loss_curve)
+    if by_batch:
+        loss = [(b, v) for b, v in loss_curve if v is not None]
+        val = [(h["batch"], h["val_loss"]) for h in history if isinstance(h.get("val_loss"), (int, float)) and h.get("batch")]
+    else:
+        loss = [(h["epoch"], h["loss"]) for h in history if isinstance(h.get("loss"), (int, float))]
+        val = [(h["epoch"], h["val_loss"]) for h in history if isinstance(h.get("val_loss"), (int, float))]
+    loss = [(x, v) for x, v in loss if math.isfinite(v)]
+    val = [(x, v) for x, v in val if math.isfinite(v)]
+    if not loss and not val:
+        return f'<div style="color:{_MUTED};font-size:12px">The loss chart appears after the first batch.</div>'
+    smoothed = [(x, v) for (x, _), v in zip(loss, smooth([v for _, v in loss])) if v is not None]
+    values = [v for _, v in loss] + [v for _, v in val]
+    log = use_log_scale(values)
+    scale = math.log10 if log else (lambda v: v)
+    low, high = min(values), max(values)
+    bottom, top_value = scale(low), scale(high)
+    if top_value - bottom < 1e-12:
+        bottom, top_value = bottom - 0.5, top_value + 0.5
+    xs = [x for x, _ in loss] + [x for x, _ in val]
+    first, last = (0 if by_batch else min(xs)), max(xs)
+    left, right, top, bottom_pad = 46, 8, 20, 20
+    plot_w, plot_h = width - left - right, height - top - bottom_pad
 
-    def x(epoch):
-        return left + (plot_w * (epoch - first) / (last - first) if last > first else plot_w / 2)
+    def x_of(x):
+        return left + (plot_w * (x - first) / (last - first) if last > first else plot_w / 2)
 
-    def y(value):
-        return top + plot_h * (high - value) / (high - low)
+    def y_of(value):
+        return top + plot_h * (top_value - scale(value)) / (top_value - bottom)
 
+    def line(points, color, extra=""):
+        coords = " ".join(f"{x_of(x):.1f},{y_of(v):.1f}" for x, v in points)
+        return f'<polyline points="{coords}" fill="none" style="stroke:{color}" {extra}/>'
+
+    unit = "batch" if by_batch else "epoch"
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" style="font:11px sans-serif">',
-        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
-        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{high:.3g}</text>',
-        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end">{low:.3g}</text>',
-        f'<text x="{left}" y="{height - 6}">epoch {first}</text>',
-        f'<text x="{left + plot_w}" y="{height - 6}" text-anchor="end">{last}</text>',
+        # Scales down to a narrow output area (never up): the viewBox keeps its proportions.
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="traincontrol-chart" viewBox="0 0 {width} {height}" '
+        f'style="width:100%;max-width:{width}px;height:auto;font:11px sans-serif;fill:{_TEXT}">',
+        # The legend, above the plot.
+        f'<line x1="{left}" y1="8" x2="{left + 14}" y2="8" style="stroke:{_LOSS_COLOR}" stroke-width="2"/>',
+        f'<text x="{left + 18}" y="11">loss (smoothed)</text>',
     ]
-    colors = {"loss": "#1a73e8", "val_loss": "#e37400"}
-    for index, (key, values) in enumerate(series.items()):
-        if not values:
-            continue
-        coords = " ".join(f"{x(e):.1f},{y(v):.1f}" for e, v in values)
-        parts.append(f'<polyline points="{coords}" fill="none" stroke="{colors[key]}" stroke-width="2"/>')
-        for e, v in values[-1:]:
-            parts.append(f'<circle cx="{x(e):.1f}" cy="{y(v):.1f}" r="3" fill="{colors[key]}"/>')
-        parts.append(f'<text x="{left + plot_w - 6}" y="{top + 13 + index * 13}" text-anchor="end" fill="{colors[key]}">{key}</text>')
+    if val:
+        parts += [
+            f'<line x1="{left + 120}" y1="8" x2="{left + 134}" y2="8" style="stroke:{_VAL_COLOR}" stroke-width="2" stroke-dasharray="4 3"/>',
+            f'<text x="{left + 138}" y="11">val_loss</text>',
+        ]
+    if log:
+        parts.append(f'<text x="{width - right}" y="11" text-anchor="end" style="fill:{_MUTED}">log scale</text>')
+    parts += [
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" style="stroke:{_FRAME}"/>',
+        f'<text x="{left - 4}" y="{top + 9}" text-anchor="end">{_fmt(high)}</text>',
+        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end">{_fmt(low)}</text>',
+        f'<text x="{left}" y="{height - 5}">{unit} {first}</text>',
+        f'<text x="{left + plot_w}" y="{height - 5}" text-anchor="end">{last}</text>',
+    ]
+    if by_batch:  # epoch ends, faint
+        for h in history[-50:]:
+            if h.get("batch") and first < h["batch"] < last:
+                x = x_of(h["batch"])
+                parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" style="stroke:{_FRAME}" stroke-dasharray="2 3"/>')
+    if len(loss) > 1:
+        parts.append(line(loss, _LOSS_COLOR, 'stroke-width="1" opacity="0.3"'))
+        parts.append(line(smoothed, _LOSS_COLOR, 'stroke-width="2"'))
+    elif loss:
+        parts.append(f'<circle cx="{x_of(loss[0][0]):.1f}" cy="{y_of(loss[0][1]):.1f}" r="3" style="fill:{_LOSS_COLOR}"/>')
+    if len(val) > 1:
+        parts.append(line(val, _VAL_COLOR, 'stroke-width="2" stroke-dasharray="4 3"'))
+    for x, v in val[-1:] if len(val) > 1 else val:
+        parts.append(f'<circle cx="{x_of(x):.1f}" cy="{y_of(v):.1f}" r="3" style="fill:{_VAL_COLOR}"/>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -125,10 +185,14 @@ class ControlPanel:
         self.updates = 0
         full = widgets.Layout(width="100%")
         self.title = widgets.HTML()
-        self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(width="100%", height="14px"))
+        # Two bars, labelled: the epoch in progress, and the whole run.
+        self.epoch_label = widgets.HTML(layout=widgets.Layout(width="15em", flex="0 0 auto"))
+        self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(flex="1 1 auto", height="14px", min_width="4em"))
+        self.run_label = widgets.HTML(layout=widgets.Layout(width="15em", flex="0 0 auto"))
+        self.run_progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(flex="1 1 auto", height="14px", min_width="4em"))
         self.stats = widgets.HTML()
         self.metrics = widgets.HTML()
-        self.chart = widgets.HTML()
+        self.chart = widgets.HTML(layout=widgets.Layout(flex="0 1 380px", min_width="0"))
         self.log = widgets.HTML(layout=full)
         self.output = widgets.HTML(layout=full)
         self.note = widgets.HTML(layout=full)
@@ -138,21 +202,28 @@ class ControlPanel:
             "abort": widgets.Button(description="Abort", icon="times", button_style="danger", tooltip=_tooltip(Command.ABORT)),
             "pause": widgets.Button(description="Pause", icon="pause", tooltip=_tooltip(Command.PAUSE)),
         }
+        # Classes a front end can find the panel and its commands by: the
+        # JupyterLab extension sends a click on these buttons straight to the
+        # server (the run's FIFO), so it acts even while the kernel is busy.
         for key, button in self.buttons.items():
             button.on_click(self._click_handler(key))
+            button._dom_classes = ("traincontrol-button", f"traincontrol-command-{key}")
+        row = widgets.Layout(width="100%", align_items="center")
         self.widget = widgets.VBox(
             [
                 self.title,
-                self.progress,
+                widgets.HBox([self.epoch_label, self.progress], layout=row),
+                widgets.HBox([self.run_label, self.run_progress], layout=row),
                 self.stats,
-                widgets.HBox(list(self.buttons.values())),
-                widgets.HBox([self.chart, self.metrics]),
+                widgets.HBox(list(self.buttons.values()), layout=widgets.Layout(flex_flow="row wrap")),
+                widgets.HBox([self.chart, self.metrics], layout=widgets.Layout(flex_flow="row wrap", width="100%")),
                 self.note,
                 self.log,
                 self.output,
             ],
-            layout=widgets.Layout(border="1px solid #ddd", padding="6px", width="100%"),
+            layout=widgets.Layout(border="1px solid var(--jp-border-color2, #ddd)", padding="6px", width="100%"),
         )
+        self.widget._dom_classes = ("traincontrol-panel", f"traincontrol-run-{run.name}")
         self.refresh()
         self._thread = threading.Thread(target=self._monitor, name=f"traincontrol-panel-{run.name}", daemon=True)
 
@@ -185,19 +256,28 @@ class ControlPanel:
 
     def refresh(self) -> None:
         """Redraws what changed. Called by the monitor thread only."""
-        run, control = self.run, self.run.lifecycle
+        run, lifecycle = self.run, self.run.lifecycle
         state = run.state
         now = time.time()
         self.updates += 1
         self.title.value = (
             f'<b style="font-size:14px">{html.escape(str(run.name))}</b> '
             f'<span style="background:{_STATE_COLORS[state]};color:white;border-radius:8px;padding:1px 8px;font-size:12px">{state}</span>'
-            f' <span style="color:#777;font-size:12px">checkpoints in {html.escape(str(control.store.directory if control.store else "-"))}</span>'
+            f' <span style="color:#777;font-size:12px">checkpoints in {_path_html(lifecycle.store.directory if lifecycle.store else "-")}</span>'
         )
-        steps = control.steps or 0
+        steps, epochs = lifecycle.steps or 0, lifecycle.epochs or 0
         self.progress.max = max(1, steps)
-        self.progress.value = min(control.step, self.progress.max)
-        self.progress.bar_style = _BAR_STYLES[state]
+        self.progress.value = min(lifecycle.step, self.progress.max)
+        self.epoch_label.value = _bar_label(f"Epoch {lifecycle.epoch or '-'}/{epochs or '?'} · batch {lifecycle.step}/{steps or '?'}")
+        # The run: batches when the epoch's length is known, else epochs.
+        done_epochs = max(0, lifecycle.epoch - 1)
+        if steps and epochs:
+            self.run_progress.max, self.run_progress.value = epochs * steps, min(epochs * steps, done_epochs * steps + lifecycle.step)
+        else:
+            self.run_progress.max, self.run_progress.value = max(1, epochs), min(max(1, epochs), done_epochs)
+        self.run_label.value = _bar_label(f"Run {100 * self.run_progress.value // max(1, self.run_progress.max)}%" if epochs else "Run")
+        for bar in (self.progress, self.run_progress):
+            bar.bar_style = _BAR_STYLES[state]
         self.stats.value = self._stats_html(now)
         enabled = {str(command) for command in allowed_commands(state)}
         for key, button in self.buttons.items():
@@ -206,22 +286,23 @@ class ControlPanel:
         paused = "resume" in enabled
         pause.description, pause.icon = ("Resume", "play") if paused else ("Pause", "pause")
         pause.tooltip = _tooltip(Command.RESUME if paused else Command.PAUSE)
-        self.metrics.value = _metrics_html(control.metrics)
-        self.chart.value = loss_chart_svg(control.epoch_history)
+        pause._dom_classes = ("traincontrol-button", f"traincontrol-command-{'resume' if paused else 'pause'}")
+        self.metrics.value = _metrics_html(lifecycle.metrics)
+        self.chart.value = loss_chart_svg(lifecycle.epoch_history, lifecycle.loss_curve.points())
         self.note.value = self._note_html(state)
-        self.log.value = _log_html(list(control.events)[-8:])
+        self.log.value = _log_html(list(lifecycle.events)[-8:])
         self.output.value = self._output_html()
 
     def _stats_html(self, now: float) -> str:
-        control = self.run.lifecycle
-        started = control.started or now
-        elapsed = (control.ended or now) - started
-        steps, epochs = control.steps, control.epochs
-        done = (control.epoch - 1) * steps + control.step if steps and control.epoch else None
+        lifecycle = self.run.lifecycle
+        started = lifecycle.started or now
+        elapsed = (lifecycle.ended or now) - started
+        steps, epochs = lifecycle.steps, lifecycle.epochs
+        done = (lifecycle.epoch - 1) * steps + lifecycle.step if steps and lifecycle.epoch else None
         rate = self._rate.add(time.monotonic(), done) if done is not None else None
-        parts = [f"Epoch {control.epoch or '-'}/{epochs or '?'}", f"batch {control.step}/{steps or '?'}", f"{_clock(elapsed)} elapsed"]
+        parts = [f"{_clock(elapsed)} elapsed"]
         if rate and steps and epochs and self.run.state in ("running", "paused"):
-            remaining = (epochs - control.epoch) * steps + (steps - control.step)
+            remaining = (epochs - lifecycle.epoch) * steps + (steps - lifecycle.step)
             parts.append(f"ETA {_clock(remaining / rate)}")
         if rate:
             batch_size = self.run.batch_size
@@ -236,10 +317,14 @@ class ControlPanel:
                 break
         lines = [html.escape(note) for note in self._click_notes]
         if state not in FINAL_STATES and self._kernel_busy():
+            # The JupyterLab extension hides this (class traincontrol-busy-note)
+            # where it sends the clicks to the server: there they do not wait.
             lines.append(
+                '<span class="traincontrol-busy-note">'
                 "The kernel is busy with a cell: clicks here wait until it finishes. To act at once, in a terminal: "
                 f"<code>jupyter-traincontrol send {html.escape(str(self.run.name))} stop</code> "
                 f"(or save, abort, pause, resume), or <code>echo stop &gt; {html.escape(str(self.run.fifo))}</code>."
+                "</span>"
             )
         if state == "failed" and self.run.error:
             lines.append(f'<pre style="color:#d93025;white-space:pre-wrap">{html.escape(self.run.error)}</pre>')
@@ -261,6 +346,17 @@ def _tooltip(command: Command) -> str:
     return text[0].upper() + text[1:]
 
 
+def _path_html(path) -> str:
+    """A path that wraps only after a ``/`` (never at a ``-`` inside a name)."""
+    parts = str(path).split("/")
+    pieces = [html.escape(part + "/") for part in parts[:-1]] + [html.escape(parts[-1])]
+    return "<wbr>".join(f'<span style="white-space:nowrap">{piece}</span>' for piece in pieces if piece)
+
+
+def _bar_label(text: str) -> str:
+    return f'<span style="font-size:12px;white-space:nowrap">{html.escape(text)}</span>'
+
+
 def _metrics_html(metrics: dict) -> str:
     cell = "padding:0 6px;line-height:1.4"
     rows = "".join(
@@ -275,7 +371,7 @@ def _log_html(events: list[dict]) -> str:
     lines = []
     for event in events:
         stamp = datetime.datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S")
-        color = colors.get(event["kind"], "#444")
+        color = colors.get(event["kind"], "var(--jp-ui-font-color1, #444)")
         message = event["message"] if event["kind"] != "state" else f"state: {event['message']}"
         lines.append(f'<div style="color:{color}">{stamp} {html.escape(message)}</div>')
     return f'<div style="font-size:11px;font-family:monospace;line-height:1.4">{"".join(lines)}</div>'
@@ -301,7 +397,7 @@ class TextReporter:
     def join(self, timeout: float | None = None) -> None:
         """Nothing to wait for."""
 
-    def _on_event(self, control, event) -> None:
+    def _on_event(self, lifecycle, event) -> None:
         if event is None or event["kind"] not in ("state", "checkpoint", "error", "warning"):
             return
         print(f"[traincontrol] {self.run.name}: {event['message']}", file=self._stream, flush=True)

@@ -17,6 +17,8 @@ export const ACTIVE_STATES = ['starting', 'running', 'paused', 'stopping'];
 /** One epoch's final metrics, as kept in a run's record. */
 export interface IEpochLogs {
   epoch: number;
+  /** Batches done at the epoch's end, counted across epochs. */
+  batch?: number;
   loss?: number;
   val_loss?: number;
   [metric: string]: number | undefined;
@@ -48,6 +50,10 @@ export interface IRun {
   steps?: number | null;
   metrics?: { [name: string]: number };
   history?: IEpochLogs[];
+  /** The loss per batch, `[batch, loss]`, batch counted across epochs (at most ~300 points; loss null for a NaN). */
+  loss_curve?: [number, number | null][];
+  /** How many of `checkpoints` this run wrote (the others are earlier runs' of the same name). */
+  checkpoints_this_run?: number;
   events?: IRunEvent[];
   error?: string | null;
   started?: number | null;

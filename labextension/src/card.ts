@@ -12,6 +12,7 @@ import {
   fraction,
   metricsText,
   NBSP,
+  setBreakablePath,
   whereText
 } from './format';
 import { isActive } from './model';
@@ -82,7 +83,7 @@ export class RunCard {
     const head = document.createElement('div');
     head.className = 'jp-TrainControl-runHead';
     const name = text('span', 'jp-TrainControl-runName', run.name);
-    name.title = run.checkpoint_dir ? `checkpoints in ${run.checkpoint_dir}` : run.name;
+    name.title = run.checkpoint_dir ? `${run.name}\ncheckpoints in ${run.checkpoint_dir}` : run.name;
     const state = text('span', `jp-TrainControl-state jp-TrainControl-state-${run.state}`, run.state);
     head.append(name, state);
 
@@ -96,7 +97,7 @@ export class RunCard {
     if (metrics) {
       parts.push(text('div', 'jp-TrainControl-metrics', metrics));
     }
-    const chart = lossChart(run.history);
+    const chart = lossChart(run);
     if (chart) {
       parts.push(chart);
     }
@@ -125,34 +126,44 @@ export class RunCard {
     const box = document.createElement('div');
     box.className = 'jp-TrainControl-progress';
     const words: string[] = [];
-    const epoch = epochText(run);
-    if (epoch) {
-      words.push(epoch);
-    }
-    if (run.step || run.steps) {
-      words.push(`batch${NBSP}${fraction(run.step, run.steps)}`);
-    }
     const end = run.ended ?? now;
     if (run.started) {
       const elapsed = duration(end - run.started);
       words.push(isActive(run) ? `${elapsed}${NBSP}elapsed` : `ran${NBSP}${elapsed}`);
     }
-    box.appendChild(text('span', 'jp-TrainControl-progressText', words.join(' · ') || 'waiting for the first batch'));
-    if (run.epochs && run.epoch) {
-      const done = Math.max(0, run.epoch - 1) + (run.steps ? Math.min(1, (run.step ?? 0) / run.steps) : 0);
-      const bar = document.createElement('div');
-      bar.className = 'jp-TrainControl-bar';
-      bar.setAttribute('role', 'progressbar');
-      bar.setAttribute('aria-valuemin', '0');
-      bar.setAttribute('aria-valuemax', String(run.epochs));
-      bar.setAttribute('aria-valuenow', done.toFixed(2));
-      const fill = document.createElement('div');
-      fill.className = 'jp-TrainControl-barFill';
-      fill.style.width = `${Math.min(100, (100 * done) / run.epochs).toFixed(1)}%`;
-      bar.appendChild(fill);
-      box.appendChild(bar);
+    if (!run.epoch) {
+      words.unshift('waiting for the first batch');
     }
+    // Two bars, labelled: the epoch in progress, and the whole run.
+    if (run.epoch) {
+      const batches = run.step || run.steps ? ` · batch${NBSP}${fraction(run.step, run.steps)}` : '';
+      const inEpoch = run.steps ? Math.min(1, (run.step ?? 0) / run.steps) : 0;
+      box.appendChild(this._bar(`${epochText(run).replace('epoch', 'Epoch')}${batches}`, inEpoch, 'epoch'));
+      if (run.epochs) {
+        const done = Math.max(0, run.epoch - 1) + inEpoch;
+        box.appendChild(this._bar(`Run ${Math.floor((100 * done) / run.epochs)}%`, done / run.epochs, 'run'));
+      }
+    }
+    box.appendChild(text('div', 'jp-TrainControl-progressText', words.join(' · ')));
     return box;
+  }
+
+  private _bar(label: string, fraction: number, kind: string): HTMLElement {
+    const row = document.createElement('div');
+    row.className = `jp-TrainControl-barRow jp-mod-${kind}`;
+    const bar = document.createElement('div');
+    bar.className = 'jp-TrainControl-bar';
+    bar.setAttribute('role', 'progressbar');
+    bar.setAttribute('aria-label', label);
+    bar.setAttribute('aria-valuemin', '0');
+    bar.setAttribute('aria-valuemax', '100');
+    bar.setAttribute('aria-valuenow', (100 * fraction).toFixed(0));
+    const fill = document.createElement('div');
+    fill.className = 'jp-TrainControl-barFill';
+    fill.style.width = `${Math.min(100, 100 * fraction).toFixed(1)}%`;
+    bar.appendChild(fill);
+    row.append(text('span', 'jp-TrainControl-barLabel', label), bar);
+    return row;
   }
 
   private _checkpoints(run: IRun): HTMLElement[] {
@@ -160,11 +171,16 @@ export class RunCard {
     if (paths.length === 0) {
       return isActive(run) ? [] : [text('div', 'jp-TrainControl-checkpointNone', 'no checkpoint')];
     }
+    // Checkpoints of earlier runs of the same name share the folder: say which are this run's.
+    const mine = Math.min(paths.length, run.checkpoints_this_run ?? paths.length);
+    const earlier = paths.length - mine;
     if (isActive(run)) {
+      const counts =
+        `${mine} checkpoint${mine === 1 ? '' : 's'} this run` + (earlier > 0 ? `, ${earlier} earlier` : '');
       const latest = text(
         'div',
         'jp-TrainControl-checkpointSummary',
-        `${paths.length} checkpoint${paths.length > 1 ? 's' : ''} · latest ${baseName(paths[paths.length - 1])}`
+        mine > 0 ? `${counts} · latest ${baseName(paths[paths.length - 1])}` : counts
       );
       latest.title = paths.join('\n');
       return [latest];
@@ -172,15 +188,24 @@ export class RunCard {
     const list = document.createElement('ul');
     list.className = 'jp-TrainControl-checkpoints';
     list.setAttribute('aria-label', 'checkpoints');
-    for (const path of paths) {
+    paths.forEach((path, index) => {
       const item = text('li', 'jp-TrainControl-checkpoint', baseName(path));
       item.title = path;
       item.dataset.path = path;
+      if (index < earlier) {
+        item.classList.add('jp-mod-earlier');
+        item.title = `${path}\n(an earlier run of ${run.name})`;
+      }
       list.appendChild(item);
-    }
+    });
     const folder = dirName(paths[paths.length - 1]);
-    const label = text('div', 'jp-TrainControl-checkpointLabel', `${paths.length === 1 ? 'checkpoint' : 'checkpoints'} in `);
-    const where = text('span', 'jp-TrainControl-checkpointDir', folder);
+    const label = text(
+      'div',
+      'jp-TrainControl-checkpointLabel',
+      `${paths.length === 1 ? 'checkpoint' : 'checkpoints'}${earlier > 0 ? ` (${mine} this run)` : ''} in `
+    );
+    const where = text('span', 'jp-TrainControl-checkpointDir', '');
+    setBreakablePath(where, folder);
     where.title = folder;
     label.appendChild(where);
     return [label, list];

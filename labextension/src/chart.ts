@@ -1,52 +1,91 @@
 /**
- * A small SVG chart of a run's per-epoch loss (and val_loss, dashed).
+ * A small SVG chart of a run's loss: per batch, smoothed as TensorBoard
+ * does (a debiased exponential moving average, the raw values faint
+ * behind), with the per-epoch val_loss on top (dashed). So a long first
+ * epoch already shows its fall.
  *
- * Losses often fall by orders of magnitude in the first epochs, so the
- * y axis is logarithmic when all values are positive and span more than
- * a factor of 5; the top and bottom values are labelled on the chart.
+ * One scale policy with the notebook panel's chart (Python,
+ * `jupyter_traincontrol/loss_curve.py`): the y axis is logarithmic only
+ * when all values are > 0 and span more than 10x. The axis labels sit in a
+ * gutter left of the plot and the legend below it, never on the lines.
  */
-import { IEpochLogs } from './api';
+import { IEpochLogs, IRun } from './api';
 import { formatNumber } from './format';
 
 const SVG = 'http://www.w3.org/2000/svg';
 const WIDTH = 240;
 const HEIGHT = 60;
-const PAD = 5;
-const LOG_SPAN = 5;
+const PAD = 4;
+/** Log scale only when max / min exceeds this (and all values > 0). */
+export const LOG_SPAN = 10;
+/** TensorBoard's default smoothing weight. */
+export const SMOOTHING = 0.6;
 
-/** The series drawn, in order, with their CSS classes. */
-const SERIES: { key: string; cssClass: string }[] = [
-  { key: 'loss', cssClass: 'jp-TrainControl-chartLoss' },
-  { key: 'val_loss', cssClass: 'jp-TrainControl-chartValLoss' }
-];
+type Point = [number, number];
 
 function finite(value: unknown): value is number {
   return typeof value === 'number' && isFinite(value);
 }
 
+/** The debiased exponential moving average of `values` (TensorBoard's). */
+export function smooth(values: number[], weight = SMOOTHING): number[] {
+  let last = 0;
+  return values.map((value, index) => {
+    last = last * weight + (1 - weight) * value;
+    return last / (1 - Math.pow(weight, index + 1));
+  });
+}
+
+/** True when all values are > 0 and span more than `LOG_SPAN` times. */
+export function useLogScale(values: number[]): boolean {
+  if (values.length === 0) {
+    return false;
+  }
+  const low = Math.min(...values);
+  return low > 0 && Math.max(...values) / low > LOG_SPAN;
+}
+
 /**
- * Draws the loss chart of `history` into a new element.
- *
- * @param history - Per-epoch logs, `{epoch, loss, val_loss, ...}`.
- * @returns An element holding the chart and its legend, or null if no
- *   epoch has a loss yet.
+ * The series to draw: the loss per batch when the record has it, else per
+ * epoch; val_loss per epoch, at the batch where the epoch ended.
  */
-export function lossChart(history: IEpochLogs[] | undefined): HTMLElement | null {
-  const points = (history ?? []).filter(entry => finite(entry.loss));
-  if (points.length === 0) {
+function series(run: Pick<IRun, 'history' | 'loss_curve'>): { loss: Point[]; val: Point[]; unit: string } {
+  const history: IEpochLogs[] = run.history ?? [];
+  const curve = (run.loss_curve ?? []).filter((p): p is Point => finite(p[1]));
+  if (curve.length > 0) {
+    const val = history
+      .filter(entry => finite(entry.val_loss) && finite(entry.batch))
+      .map(entry => [entry.batch as number, entry.val_loss as number] as Point);
+    return { loss: curve, val, unit: 'batch' };
+  }
+  const loss = history.filter(entry => finite(entry.loss)).map(entry => [entry.epoch, entry.loss as number] as Point);
+  const val = history.filter(entry => finite(entry.val_loss)).map(entry => [entry.epoch, entry.val_loss as number] as Point);
+  return { loss, val, unit: 'epoch' };
+}
+
+/**
+ * Draws the loss chart of `run` into a new element.
+ *
+ * @returns An element holding the chart, its axis labels and legend, or
+ *   null while there is no loss yet.
+ */
+export function lossChart(run: Pick<IRun, 'history' | 'loss_curve'>): HTMLElement | null {
+  const { loss, val, unit } = series(run);
+  if (loss.length === 0 && val.length === 0) {
     return null;
   }
-  const values = points.flatMap(entry => SERIES.map(({ key }) => entry[key]).filter(finite));
+  const values = [...loss, ...val].map(([, v]) => v);
   const low = Math.min(...values);
   const high = Math.max(...values);
-  const log = low > 0 && high / low > LOG_SPAN;
-  const scale = (value: number) => (log ? Math.log(value) : value);
+  const log = useLogScale(values);
+  const scale = (value: number) => (log ? Math.log10(value) : value);
   const bottom = scale(low);
   const span = scale(high) - bottom || 1;
-  const first = points[0].epoch;
-  const last = points[points.length - 1].epoch;
-  const x = (epoch: number) =>
-    last === first ? WIDTH / 2 : PAD + ((epoch - first) / (last - first)) * (WIDTH - 2 * PAD);
+  const xs = [...loss, ...val].map(([x]) => x);
+  const first = unit === 'batch' ? 0 : Math.min(...xs);
+  const last = Math.max(...xs);
+  const x = (value: number) =>
+    last === first ? WIDTH / 2 : PAD + ((value - first) / (last - first)) * (WIDTH - 2 * PAD);
   const y = (value: number) => PAD + (1 - (scale(value) - bottom) / span) * (HEIGHT - 2 * PAD);
 
   const svg = document.createElementNS(SVG, 'svg');
@@ -56,44 +95,51 @@ export function lossChart(history: IEpochLogs[] | undefined): HTMLElement | null
   svg.setAttribute('role', 'img');
   svg.setAttribute(
     'aria-label',
-    `loss by epoch, from ${formatNumber(points[0].loss)} to ${formatNumber(points[points.length - 1].loss)}`
+    `loss by ${unit}, from ${formatNumber(loss[0]?.[1])} to ${formatNumber(loss[loss.length - 1]?.[1])}`
   );
-  for (const { key, cssClass } of SERIES) {
-    const coords = points
-      .filter(entry => finite(entry[key]))
-      .map(entry => [x(entry.epoch), y(entry[key] as number)]);
-    if (coords.length === 0) {
-      continue;
-    }
+  const draw = (points: Point[], cssClass: string) => {
     let shape: SVGElement;
-    if (coords.length === 1) {
+    if (points.length === 1) {
       shape = document.createElementNS(SVG, 'circle');
-      shape.setAttribute('cx', coords[0][0].toFixed(1));
-      shape.setAttribute('cy', coords[0][1].toFixed(1));
+      shape.setAttribute('cx', x(points[0][0]).toFixed(1));
+      shape.setAttribute('cy', y(points[0][1]).toFixed(1));
       shape.setAttribute('r', '2.5');
     } else {
       shape = document.createElementNS(SVG, 'polyline');
-      shape.setAttribute('points', coords.map(([cx, cy]) => `${cx.toFixed(1)},${cy.toFixed(1)}`).join(' '));
+      shape.setAttribute('points', points.map(([px, py]) => `${x(px).toFixed(1)},${y(py).toFixed(1)}`).join(' '));
       shape.setAttribute('vector-effect', 'non-scaling-stroke');
     }
     shape.setAttribute('class', cssClass);
     svg.appendChild(shape);
+  };
+  if (loss.length > 1) {
+    draw(loss, 'jp-TrainControl-chartRaw');
+    const smoothed = smooth(loss.map(([, v]) => v));
+    draw(loss.map(([px], i) => [px, smoothed[i]] as Point), 'jp-TrainControl-chartLoss');
+  } else if (loss.length === 1) {
+    draw(loss, 'jp-TrainControl-chartLoss');
+  }
+  if (val.length > 0) {
+    draw(val, 'jp-TrainControl-chartValLoss');
   }
 
+  const gutter = document.createElement('div');
+  gutter.className = 'jp-TrainControl-gutter';
+  gutter.append(
+    text('span', 'jp-TrainControl-axis', formatNumber(high)),
+    text('span', 'jp-TrainControl-axis', formatNumber(low))
+  );
   const plot = document.createElement('div');
   plot.className = 'jp-TrainControl-plot';
-  plot.append(
-    svg,
-    text('span', 'jp-TrainControl-axis jp-mod-top', formatNumber(high)),
-    text('span', 'jp-TrainControl-axis jp-mod-bottom', formatNumber(low))
-  );
+  plot.append(gutter, svg);
+
   const legend = document.createElement('div');
   legend.className = 'jp-TrainControl-chartLegend';
-  legend.appendChild(legendItem('jp-TrainControl-chartLoss', 'loss'));
-  if (points.some(entry => finite(entry.val_loss))) {
+  legend.appendChild(legendItem('jp-TrainControl-chartLoss', unit === 'batch' ? 'loss (smoothed)' : 'loss'));
+  if (val.length > 0) {
     legend.appendChild(legendItem('jp-TrainControl-chartValLoss', 'val_loss'));
   }
-  const range = first === last ? `epoch ${first}` : `epochs ${first}–${last}`;
+  const range = `${unit} ${first}–${last}`;
   legend.appendChild(text('span', 'jp-TrainControl-chartRange', log ? `${range}, log scale` : range));
 
   const box = document.createElement('div');

@@ -54,6 +54,21 @@ export function baseName(path: string): string {
   return parts[parts.length - 1] || path;
 }
 
+/**
+ * Fills `element` with `path`, breakable only after each `/` (a `<wbr>`
+ * there), so a long path wraps at folder boundaries, never mid-name.
+ */
+export function setBreakablePath(element: HTMLElement, path: string): void {
+  element.replaceChildren();
+  const parts = path.split('/');
+  parts.forEach((part, index) => {
+    element.append(index < parts.length - 1 ? `${part}/` : part);
+    if (index < parts.length - 1) {
+      element.appendChild(document.createElement('wbr'));
+    }
+  });
+}
+
 /** The folder of a path (`a/b/c.keras` -> `a/b`). */
 export function dirName(path: string): string {
   const index = Math.max(path.lastIndexOf('/'), path.lastIndexOf('\\'));
@@ -111,7 +126,8 @@ export function summaryText(active: IRun[]): string {
     (b.started ?? 0) >= (a.started ?? 0) ? b : a
   );
   const details = [latest.name];
-  if (latest.state !== 'running') {
+  // The counts already say running or paused; name only the other states.
+  if (latest.state !== 'running' && latest.state !== 'paused') {
     details.push(latest.state);
   }
   const epoch = epochText(latest);

@@ -16,6 +16,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { Command } from './api';
 import { RunsModel } from './model';
+import { NotebookPanelButtons } from './notebookButtons';
 import { PANEL_ID, RunsPanel } from './panel';
 import { RunsStatus } from './status';
 
@@ -49,6 +50,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer: ILayoutRestorer | null
   ) => {
     const model = new RunsModel();
+    // The notebook panel's buttons: straight to the server, whatever the kernel does.
+    new NotebookPanelButtons(app, model);
     const panel = new RunsPanel(model);
     panel.title.icon = runsIcon;
     app.shell.add(panel, 'left', { rank: 650 });
