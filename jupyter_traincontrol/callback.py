@@ -29,15 +29,15 @@ from pathlib import Path
 
 import keras
 
-from .checkpoint import CheckpointError, SkippedCheckpoint, TrainingPosition
+from .actions import CommandActions, FitProgress
+from .checkpoint import SkippedCheckpoint
 from .commands import Command, Request, RunState
+from .fit_watchdog import FitWatchdog
 from .interrupt import SigintGuard
 from .lifecycle import RunLifecycle
 from .resume import Resumption, optimizer_step, resume_from_latest
 
 __all__ = ["ControlCallback"]
-
-_PAUSE_POLL_SECONDS = 0.25
 
 
 class ControlCallback(keras.callbacks.Callback):
@@ -97,13 +97,6 @@ class ControlCallback(keras.callbacks.Callback):
         self._owns_lifecycle = lifecycle is None
         self.lifecycle = lifecycle or RunLifecycle(name, checkpoint_dir, keep, channel_kind=channel_kind)
         self._lock = threading.RLock()
-        self._appliers = {
-            Command.SAVE: self._save,
-            Command.STOP: self._stop,
-            Command.ABORT: self._abort,
-            Command.PAUSE: self._hold,
-            Command.RESUME: lambda _request: _ignored(self.lifecycle, "The run is not paused; 'resume' ignored."),
-        }
         self._reset()
 
     # Public view ---------------------------------------------------------
@@ -132,7 +125,7 @@ class ControlCallback(keras.callbacks.Callback):
     @property
     def ended_by(self) -> Command | None:
         """``stop`` or ``abort`` if that command ended the last (or current) `fit`."""
-        return self._ended_by
+        return self._actions.ended_by if self._actions is not None else None
 
     def send(self, command: str | Command | Request) -> Request:
         """Sends a command to the run (from any thread), like any writer."""
@@ -142,23 +135,19 @@ class ControlCallback(keras.callbacks.Callback):
         """Marks the next stop as caused by an interrupt (its checkpoint's
         reason becomes ``interrupt``). Safe from any thread."""
         self._interrupted = True
+        if self._actions is not None:
+            self._actions.interrupted = True
 
     # Keras hooks ---------------------------------------------------------
 
     def _reset(self) -> None:
-        self._channel = None
-        self._epoch = 0
-        self._step = 0
-        self._mid_epoch = False  # True while applying commands after a training batch
-        self._boundary = 0  # counts batch boundaries: saves at one boundary are one checkpoint
-        self._last_save: tuple[int, str] | None = None  # (boundary, what the save wrote)
-        self._ended_by: Command | None = None
+        self._progress = FitProgress()
+        self._actions: CommandActions | None = None
         self._interrupted = False
-        self._stopped_mid_epoch = False
         self._in_fit = False
         self._resumption: Resumption | None = None
         self._sigint: SigintGuard | None = None
-        self._watchdog: _FitWatchdog | None = None
+        self._watchdog: FitWatchdog | None = None
 
     def on_train_begin(self, logs=None):
         with self._lock:
@@ -171,25 +160,17 @@ class ControlCallback(keras.callbacks.Callback):
             elif not lifecycle.is_open:
                 raise RuntimeError(f"The RunLifecycle given for run {lifecycle.name!r} is not open.")
             self._in_fit = True
-            self._channel = lifecycle.channel
+            self._actions = CommandActions(self.model, lifecycle, self._progress, self._say)
             lifecycle.epochs = self.params.get("epochs")
             lifecycle.steps = self.params.get("steps")
-            self._watchdog = _FitWatchdog(self.model, self._on_fit_lost)
+            self._watchdog = FitWatchdog(self.model, self._on_fit_lost)
             lifecycle.add_tick_hook(self._watchdog.check)
         try:
             lifecycle.store.acquire()  # checked and locked before the first step
-        except BaseException as error:
-            self._finish(RunState.FAILED, f"Could not use the checkpoint folder: {error}")
-            raise
-        try:
             if self.resume:
-                self._resumption = resume_from_latest(self.model, lifecycle.store, on_skip=self._report_skipped)
-                self._epoch = self._resumption.epoch
-                lifecycle.global_step = optimizer_step(self.model)
-                lifecycle.log("info", self._resumption.message)
-                self._say(self._resumption.message)
+                self._resume()
         except BaseException as error:
-            self._finish(RunState.FAILED, f"Could not resume: {error}")
+            self._finish(RunState.FAILED, f"Could not start: {error}")
             raise
         if self.handle_sigint:
             self._sigint = SigintGuard(self._on_first_sigint, self._on_second_sigint)
@@ -201,148 +182,57 @@ class ControlCallback(keras.callbacks.Callback):
         if lifecycle.state == RunState.STOPPING:  # the run was stopped before this fit
             self.model.stop_training = True
         else:  # commands sent while no fit ran act before the first batch
-            self._apply_pending(mid_epoch=False)
+            self._actions.apply_pending(mid_epoch=False)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-        self._step = 0
-        self._stopped_mid_epoch = False
+        progress = self._progress
+        progress.epoch, progress.step, progress.stopped_mid_epoch = epoch, 0, False
         lifecycle = self.lifecycle
         lifecycle.epoch = epoch + 1
         lifecycle.step = 0
         lifecycle.touch()
-        self._apply_pending(mid_epoch=False)
+        self._actions.apply_pending(mid_epoch=False)
 
     def on_train_batch_end(self, batch, logs=None):
         # The hot path: plain assignments and one flag check.
-        self._boundary += 1
-        self._step = batch + 1
+        progress = self._progress
+        progress.boundary += 1
+        progress.step = batch + 1
         lifecycle = self.lifecycle
-        lifecycle.step = self._step
+        lifecycle.step = progress.step
         lifecycle.metrics = logs or lifecycle.metrics
         lifecycle.loss_curve.add(logs.get("loss") if logs else None)
         lifecycle.touch()
-        if self._channel.pending:
-            self._apply_pending(mid_epoch=True)
+        if self._actions.pending:
+            self._actions.apply_pending(mid_epoch=True)
 
     def on_test_batch_end(self, batch, logs=None):
         # Validation inside fit: commands act now, not only after it.
         if self._in_fit:
-            self._apply_pending(mid_epoch=False)
+            self._actions.apply_pending(mid_epoch=False)
 
     def on_epoch_end(self, epoch, logs=None):
         lifecycle = self.lifecycle
-        if lifecycle.steps is None and not self._stopped_mid_epoch:
-            lifecycle.steps = self._step  # learned from the first full epoch
+        if lifecycle.steps is None and not self._progress.stopped_mid_epoch:
+            lifecycle.steps = self._progress.step  # learned from the first full epoch
         lifecycle.record_epoch(epoch, logs)
         if logs:
             lifecycle.metrics = dict(logs)
-        self._apply_pending(mid_epoch=False)
+        self._actions.apply_pending(mid_epoch=False)
 
     def on_train_end(self, logs=None):
-        final = {Command.ABORT: RunState.ABORTED, Command.STOP: RunState.STOPPED}.get(self._ended_by, RunState.FINISHED)
+        final = {Command.ABORT: RunState.ABORTED, Command.STOP: RunState.STOPPED}.get(self.ended_by, RunState.FINISHED)
         self._finish(final)
 
-    # Commands --------------------------------------------------------------
+    # Resume ----------------------------------------------------------------
 
-    def _apply_pending(self, mid_epoch: bool) -> None:
-        channel = self._channel
-        if channel is None or not channel.pending:
-            return
-        self._mid_epoch = mid_epoch
-        while (request := channel.pop()) is not None:
-            self._apply(request)
-        self.lifecycle.publish(force=True)  # once for the lot: senders see their acks now
-
-    def _apply(self, request: Request) -> None:
-        """Applies one request and acknowledges it (each applier returns its
-        outcome, or None when it acknowledged the request itself)."""
+    def _resume(self) -> None:
         lifecycle = self.lifecycle
-        lifecycle.log("command", f"{request.command} received")
-        answer = self._appliers[request.command](request)
-        if answer is not None:
-            lifecycle.acknowledge(request, *answer)
-
-    def _save(self, _request: Request) -> tuple[str, str]:
-        if self._last_save is not None and self._last_save[0] == self._boundary:
-            return "applied", f"merged with the save just taken: {self._last_save[1]}"
-        return self._checkpoint("save")
-
-    def _stop(self, _request: Request) -> tuple[str, str]:
-        if self._ended_by is not None:
-            return _ignored(self.lifecycle, "Already stopping; 'stop' ignored.")
-        outcome, message = self._checkpoint("interrupt" if self._interrupted else "stop")
-        self._end_fit(Command.STOP)
-        return outcome, message if outcome == "applied" else f"stopping without a checkpoint: {message}"
-
-    def _abort(self, _request: Request) -> tuple[str, str]:
-        if self._ended_by is Command.ABORT:
-            return _ignored(self.lifecycle, "Already aborting; 'abort' ignored.")
-        self._end_fit(Command.ABORT)
-        return "applied", "aborting without a checkpoint"
-
-    def _end_fit(self, command: Command) -> None:
-        steps = self.lifecycle.steps
-        self._stopped_mid_epoch = self._stopped_mid_epoch or (self._mid_epoch and (steps is None or self._step < steps))
-        self._ended_by = command
-        self.model.stop_training = True
-        self.lifecycle.set_state(RunState.STOPPING)
-
-    def _hold(self, pause: Request) -> None:
-        """Pauses the training thread here until ``resume``, ``stop`` or ``abort``."""
-        lifecycle, channel = self.lifecycle, self._channel
-        lifecycle.set_state(RunState.PAUSED)
-        lifecycle.acknowledge(pause, "applied", "paused")
-        self._say(f"Run {lifecycle.name!r} paused; send 'resume' to go on.")
-        lifecycle.publish(force=True)
-        while self._channel is not None:  # None once the run was ended meanwhile
-            request = channel.get(_PAUSE_POLL_SECONDS)
-            if request is None:
-                continue
-            if request.command is Command.RESUME:
-                lifecycle.log("command", "resume received")
-                lifecycle.set_state(RunState.RUNNING)
-                lifecycle.acknowledge(request, "applied", "resumed")
-                return
-            if request.command is Command.PAUSE:
-                lifecycle.acknowledge(request, *_ignored(lifecycle, "Already paused; 'pause' ignored."))
-            else:
-                self._apply(request)
-            lifecycle.publish(force=True)  # the sender sees its ack now
-            if self._ended_by is not None:
-                return
-
-    def _position(self) -> TrainingPosition:
-        steps = self.lifecycle.steps
-        if self._mid_epoch:
-            complete = steps is not None and self._step >= steps
-        else:
-            complete = self._step > 0 and not self._stopped_mid_epoch
-        return TrainingPosition(
-            epoch=self._epoch,
-            step_in_epoch=self._step,
-            steps_per_epoch=steps,
-            global_step=optimizer_step(self.model),
-            epoch_complete=complete,
-        )
-
-    def _checkpoint(self, reason: str) -> tuple[str, str]:
-        """Writes a checkpoint. Returns the outcome and what it wrote (or why not)."""
-        lifecycle = self.lifecycle
-        position = self._position()
-        try:
-            checkpoint = lifecycle.store.save(
-                self.model, position, reason=reason, metrics=lifecycle.metrics, run=lifecycle.name
-            )
-        except CheckpointError as error:
-            lifecycle.log("error", str(error))
-            self._say(str(error), stream=sys.stderr)
-            return "failed", str(error)
-        lifecycle.global_step = position.global_step
-        lifecycle.add_checkpoint(checkpoint)
-        self._last_save = (self._boundary, str(checkpoint.path))
-        self._say(f"Checkpoint ({reason}) written: {checkpoint.path}")
-        return "applied", f"checkpoint written: {checkpoint.path}"
+        self._resumption = resume_from_latest(self.model, lifecycle.store, on_skip=self._report_skipped)
+        self._progress.epoch = self._resumption.epoch
+        lifecycle.global_step = optimizer_step(self.model)
+        lifecycle.log("info", self._resumption.message)
+        self._say(self._resumption.message)
 
     def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
         message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
@@ -357,8 +247,9 @@ class ControlCallback(keras.callbacks.Callback):
         try:
             self.lifecycle.send(Command.STOP)
         except Exception:
-            if self._channel is not None:
-                self._channel.inject(Command.STOP)
+            channel = self.lifecycle.channel
+            if channel is not None:
+                channel.inject(Command.STOP)
         _write_stderr("\n[traincontrol] Ctrl+C: stopping after this batch, with a checkpoint. "
                       "Press Ctrl+C again to interrupt at once.\n")
 
@@ -379,6 +270,8 @@ class ControlCallback(keras.callbacks.Callback):
             if self._watchdog is not None:
                 lifecycle.remove_tick_hook(self._watchdog.check)
                 self._watchdog = None
+            if self._actions is not None:
+                self._actions.detach()
             if self._resumption is not None:
                 self._resumption.undo()
             if lifecycle.store is not None:
@@ -390,53 +283,10 @@ class ControlCallback(keras.callbacks.Callback):
                 self._say(f"Run {lifecycle.name!r} {final_state}.")
             elif error is not None:
                 lifecycle.log("error", error)
-            self._channel = None
 
     def _say(self, message: str, stream=None) -> None:
         if self.verbose:
             print(f"[traincontrol] {message}", file=stream or sys.stdout, flush=True)
-
-
-class _FitWatchdog:
-    """Notices a `fit` that left by an exception (Keras then skips
-    ``on_train_end``): checked from the run's publisher thread.
-
-    Args:
-        model: The model whose `fit` called the callback's first hook.
-        on_lost: Called once the `fit` frame is no longer on its thread's stack.
-    """
-
-    def __init__(self, model, on_lost):
-        self._thread_id = threading.get_ident()
-        self._frame = _find_fit_frame(model)
-        self._on_lost = on_lost
-
-    def check(self) -> None:
-        if self._frame is None:
-            return
-        frame = sys._current_frames().get(self._thread_id)
-        while frame is not None:
-            if frame is self._frame:
-                return
-            frame = frame.f_back
-        self._frame = None
-        self._on_lost()
-
-
-def _ignored(lifecycle: RunLifecycle, message: str) -> tuple[str, str]:
-    """Logs why a request changed nothing, and says so as its outcome."""
-    lifecycle.log("info", message)
-    return "ignored", message
-
-
-def _find_fit_frame(model):
-    """Returns the frame of the `fit` call that is training `model`, or None."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-            return frame
-        frame = frame.f_back
-    return None
 
 
 def _write_stderr(text: str) -> None:

@@ -85,6 +85,9 @@ class CommandChannel:
         name: Used to name the reader thread.
         health_check_seconds: How often the reader checks that the channel
             is still there on disk. Defaults to 0.5.
+        dir_fd: An open descriptor of `folder`. The channel then creates,
+            checks and re-creates itself through it, so a folder renamed or
+            swapped under a live run cannot redirect it.
     """
 
     kind = "abstract"
@@ -97,9 +100,11 @@ class CommandChannel:
         on_notice: NoticeListener | None = None,
         name: str = "run",
         health_check_seconds: float = _HEALTH_CHECK_SECONDS,
+        dir_fd: int | None = None,
     ):
         self.folder = Path(folder)
         self._health_check_seconds = health_check_seconds
+        self._dir_fd = dir_fd
         self._on_rejected = on_rejected or (lambda rejected: None)
         self._on_notice = on_notice or (lambda text: None)
         self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
@@ -222,17 +227,25 @@ class FifoChannel(CommandChannel):
     def address(self) -> str:
         return str(self.path)
 
+    def _at(self) -> tuple[str | Path, dict]:
+        """The FIFO's name and the ``dir_fd`` keyword to reach it."""
+        if self._dir_fd is None:
+            return self.path, {}
+        return FIFO_NAME, {"dir_fd": self._dir_fd}
+
     def _create(self) -> None:
-        os.mkfifo(self.path, 0o600)  # fails if anything exists there
-        os.chmod(self.path, 0o600)  # in case the umask was unusual
+        name, at = self._at()
+        os.mkfifo(name, 0o600, **at)  # fails if anything exists there
         self._open()
 
     def _open(self) -> None:
+        name, at = self._at()
         flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-        read_fd = os.open(self.path, flags)
+        read_fd = os.open(name, flags, **at)
         try:
+            os.fchmod(read_fd, 0o600)  # in case the umask was unusual
             check_private(self.path, os.fstat(read_fd), kind="fifo")
-            keepalive_fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            keepalive_fd = os.open(name, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, **at)
         except BaseException:
             os.close(read_fd)
             raise
@@ -264,8 +277,9 @@ class FifoChannel(CommandChannel):
             self._deliver(self._decoder.feed(data))
 
     def _check_health(self) -> None:
+        name, at = self._at()
         try:
-            st = os.lstat(self.path)
+            st = os.stat(name, follow_symlinks=False, **at)
             if st.st_ino == self._inode and stat.S_ISFIFO(st.st_mode):
                 return
             what = "replaced"
@@ -275,7 +289,7 @@ class FifoChannel(CommandChannel):
         self._read_some(0)
         self._close_fds()
         if what == "replaced":
-            os.unlink(self.path)  # unlink never follows a symlink
+            os.unlink(name, **at)  # unlink never follows a symlink
         self._create()
         self._on_notice(f"The FIFO {self.path} was {what}; re-created it.")
 
@@ -289,9 +303,10 @@ class FifoChannel(CommandChannel):
         self._close_fds()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        name, at = self._at()
         try:
-            if stat.S_ISFIFO(os.lstat(self.path).st_mode):
-                os.unlink(self.path)
+            if stat.S_ISFIFO(os.stat(name, follow_symlinks=False, **at).st_mode):
+                os.unlink(name, **at)
         except FileNotFoundError:
             pass
 

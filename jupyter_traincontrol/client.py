@@ -98,8 +98,8 @@ def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
         timeout: Seconds to wait at most.
 
     Returns:
-        The acknowledgement: ``{"id", "command", "outcome", "message", "time"}``
-        with outcome ``applied`` or ``ignored``.
+        The acknowledgement: ``{"ids", "command", "outcome", "message",
+        "time"}`` with outcome ``applied`` or ``ignored``.
 
     Raises:
         CommandFailedError: If the run could not carry it out.
@@ -112,7 +112,7 @@ def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
             record = find_run(name)
         except RunNotFoundError:
             raise NotListeningError(f"Run {_shown(name)!r} is gone; it never applied {request}.") from None
-        ack = next((a for a in record.get("acks") or [] if isinstance(a, dict) and a.get("id") == request.request_id), None)
+        ack = next((a for a in record.get("acks") or [] if request.request_id in a["ids"]), None)
         if ack is not None:
             if ack.get("outcome") == "failed":
                 raise CommandFailedError(f"Run {_shown(name)!r} could not carry out {request}: {ack.get('message')}")

@@ -6,10 +6,20 @@ that asks the run to stop (safe in a signal handler: no locks, no I/O that
 can block); a second SIGINT restores the previous handler and hands the
 signal to it, which for Python's default handler raises `KeyboardInterrupt`
 as usual.
+
+Signal handlers can only be changed on the main thread. A run that ends
+elsewhere (its `fit` raised, and the run's own thread noticed) retires its
+guard: the guard turns inert at once and asks the main thread to run it
+(``_thread.interrupt_main``: no signal is sent to the process, no system
+call is interrupted, and it is asked only while the guard is still the
+installed handler); run there, it puts the previous handler back and does
+nothing else. A real Ctrl+C that comes first is handed on to the previous
+handler, as without us.
 """
 
 from __future__ import annotations
 
+import _thread
 import signal
 import threading
 from typing import Callable
@@ -32,6 +42,7 @@ class SigintGuard:
         self._previous = None
         self._installed = False
         self._retired = False
+        self._restore_asked = False
         self.count = 0
 
     @property
@@ -48,6 +59,7 @@ class SigintGuard:
         """
         if self._installed or threading.current_thread() is not threading.main_thread():
             return False
+        _restore_retired()
         previous = signal.getsignal(signal.SIGINT)
         if previous in (signal.SIG_IGN, None):
             return False  # someone wants Ctrl+C ignored (or set it from C)
@@ -66,32 +78,37 @@ class SigintGuard:
         if not self._installed:
             return
         if threading.current_thread() is not threading.main_thread():
-            return  # cannot touch signals here; `_handle` restores lazily
+            return  # cannot touch signals here: see `retire`
         self._installed = False
+        _retired.discard(self)
         if signal.getsignal(signal.SIGINT) == self._handle:
             signal.signal(signal.SIGINT, self._previous)
 
     def retire(self) -> None:
-        """Restores the previous handler from any thread.
+        """Ends the guard's work, from any thread.
 
-        On the main thread this is `uninstall`. Elsewhere (the run ended
-        because `fit` raised, and another thread noticed) signal handlers
-        cannot be changed, so the main thread is sent a SIGINT that our
-        handler, now retired, answers by restoring the previous handler and
-        nothing else.
+        On the main thread this is `uninstall`. Elsewhere the guard turns
+        inert: the next SIGINT (handed on to the previous handler), or the
+        next guard installed, restores the previous handler.
         """
         if not self._installed:
             return
         self._retired = True
         if threading.current_thread() is threading.main_thread():
             self.uninstall()
-        elif hasattr(signal, "pthread_kill"):
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-        # else (Windows): the next SIGINT finds the guard retired and restores.
+            return
+        _retired.add(self)
+        if signal.getsignal(signal.SIGINT) == self._handle:
+            self._restore_asked = True
+            _thread.interrupt_main(signal.SIGINT)
 
     def _handle(self, signum, frame):
         if self._retired:
-            self.uninstall()
+            if self._restore_asked:  # our own request (`retire`): only restore
+                self._restore_asked = False
+                self.uninstall()
+            else:  # the run is over: this SIGINT is the user's, as without us
+                self._pass_on(signum, frame)
             return
         self.count += 1
         if self.count == 1:
@@ -109,3 +126,12 @@ class SigintGuard:
             previous(signum, frame)
         else:  # SIG_DFL: what Python's own handler would do
             raise KeyboardInterrupt
+
+
+_retired: set[SigintGuard] = set()
+
+
+def _restore_retired() -> None:
+    """Main thread: puts back the handlers of guards retired off the main thread."""
+    for guard in list(_retired):
+        guard.uninstall()

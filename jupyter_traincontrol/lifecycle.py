@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from . import fit_watchdog
 from .channel import ChannelError, CommandChannel, NotListeningError, open_channel, send_command
 from .checkpoint import Checkpoint, CheckpointStore
 from .commands import FINAL_STATES, Command, Rejected, Request, RunState, allowed_commands, parse_request
@@ -141,6 +142,7 @@ class RunLifecycle:
         """
         if self.is_open:
             raise RuntimeError(f"Run {self.name!r} is already open.")
+        fit_watchdog.check_all()  # a run of this process whose fit raised ends now, not later
         self.forget()  # the record of an earlier, ended run of this object
         self._folder = self._claim_folder()
         self.name = self._folder.name
@@ -161,6 +163,7 @@ class RunLifecycle:
                 on_rejected=self._on_rejected,
                 on_notice=lambda text: self.log("warning", text),
                 name=self.name,
+                dir_fd=self._folder.dir_fd,
             )
         except BaseException:
             self._folder.release()
@@ -216,6 +219,7 @@ class RunLifecycle:
             publisher.join()
         self._publisher = None
         self.set_state(final_state)
+        self._folder.seal()  # the last record is written
 
     def forget(self) -> None:
         """Removes the run's record from the registry (after `close`)."""
@@ -251,9 +255,11 @@ class RunLifecycle:
         return event
 
     def acknowledge(self, request: Request, outcome: str, message: str) -> None:
-        """Says what became of a request with an id: records ``{"id",
-        "command", "outcome", "message", "time"}`` in the record's ``acks``
-        for its sender to find (published with the next `publish`).
+        """Says what became of a request with an id: its sender finds the id
+        in the record's ``acks``, ``{"ids", "command", "outcome", "message",
+        "time"}`` (published with the next `publish`). Requests with the same
+        answer in a row share one entry, so a burst of a thousand merged
+        saves is one entry, not a thousand.
 
         Args:
             request: The request.
@@ -261,11 +267,16 @@ class RunLifecycle:
                 message says why) or ``failed``.
             message: One line for a person.
         """
-        if request.request_id is not None:
+        if request.request_id is None:
+            return
+        last = self.acks[-1] if self.acks else None
+        if last is not None and (last["command"], last["outcome"], last["message"]) == (str(request), outcome, message):
+            last["ids"].append(request.request_id)
+        else:
             self.acks.append(
-                {"id": request.request_id, "command": str(request), "outcome": outcome, "message": message, "time": time.time()}
+                {"ids": [request.request_id], "command": str(request), "outcome": outcome, "message": message, "time": time.time()}
             )
-            self.touch()
+        self.touch()
 
     def add_listener(self, listener: Listener) -> None:
         """Calls `listener(lifecycle, event)` on each event, and with None on
@@ -358,7 +369,7 @@ class RunLifecycle:
             "history": [_finite_numbers(entry) for entry in self.epoch_history[-200:]],
             "loss_curve": self.loss_curve.points(),
             "events": list(self.events)[-20:],
-            "acks": list(self.acks),
+            "acks": [dict(ack, ids=list(ack["ids"])) for ack in list(self.acks)],
             "error": self.error,
             "started": self.started,
             "ended": self.ended,

@@ -15,7 +15,7 @@ import math
 import numbers
 import os
 import stat
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ __all__ = [
     "ensure_private_dir",
     "json_safe",
     "make_private_dirs",
+    "open_dir",
     "read_json",
     "write_json_atomic",
 ]
@@ -161,7 +162,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None) -> None:
     """Writes `data` as JSON to `path` through a temporary file and a rename.
 
     Non-finite floats are written as ``null`` (see `json_safe`).
@@ -169,20 +170,43 @@ def write_json_atomic(path: Path, data: Any) -> None:
     Args:
         path: The destination. Its folder must exist.
         data: Anything `json.dumps` accepts.
+        dir_fd: An open descriptor of the folder to write in; then only
+            `path`'s last component is used, and nothing on the way is
+            looked up again (a folder renamed or swapped meanwhile cannot
+            redirect the write).
     """
     path = Path(path)
     text = json.dumps(json_safe(data), indent=1, sort_keys=True, default=str, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".json.tmp")
+    if dir_fd is None:
+        dir_fd_to_close = dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        dir_fd_to_close = None
+    tmp = f".{path.name}.{uuid.uuid4().hex}.tmp"
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
+            raise
+    finally:
+        if dir_fd_to_close is not None:
+            os.close(dir_fd_to_close)
+
+
+def open_dir(path: Path) -> int:
+    """Opens a folder for `dir_fd` use, never through a symlink.
+
+    Raises:
+        OSError: If `path` is a symlink (ELOOP) or not a folder.
+    """
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def read_json(path: Path) -> Any | None:

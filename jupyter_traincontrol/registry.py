@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .commands import ACTIVE_STATES, FINAL_STATES, RunState
-from .private_fs import check_private, ensure_private_dir, read_json, write_json_atomic
+from .private_fs import check_private, ensure_private_dir, open_dir, read_json, write_json_atomic
 
 __all__ = [
     "RECORD_NAME",
@@ -55,6 +55,7 @@ __all__ = [
     "validate_name",
     "unique_name",
     "folder_is_live",
+    "sweep_dead_runs",
     "validate_record",
 ]
 
@@ -208,6 +209,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ProcessLock.forget_inherited)
 
 
+def sweep_dead_runs(root: Path) -> None:
+    """Removes the folders (FIFOs included) and lock files of dead processes."""
+    _remove_dead_locks(root)
+    for name in os.listdir(root):
+        folder = root / name
+        if name.startswith("."):
+            continue
+        try:
+            check_private(folder, os.lstat(folder), kind="dir")
+            if not folder_is_live(folder):
+                _remove_if_dead(folder)
+        except OSError:
+            continue  # not ours to remove (a planted symlink, someone else's), or gone
+
+
 def _remove_dead_locks(root: Path) -> None:
     """Removes the lock files of dead processes, and their unfinished claims."""
     folder = root / _LOCKS_FOLDER
@@ -250,6 +266,7 @@ class RunFolder:
         self.run_id = run_id
         self._released = False
         self._write_lock = threading.Lock()
+        self.dir_fd = -1  # the folder, opened once: writes go through it, not through its path
 
     @property
     def record_path(self) -> Path:
@@ -276,6 +293,7 @@ class RunFolder:
         """
         validate_name(name)
         root = ensure_private_dir(Path(root) if root else registry_root())
+        sweep_dead_runs(root)  # so `echo stop > FIFO` never waits on a dead run's FIFO
         folder = root / name
         run_folder = cls(name, folder, uuid.uuid4().hex)
         lock = _ProcessLock.path_for(root)
@@ -296,6 +314,7 @@ class RunFolder:
             _free_name(folder, name)
         else:
             raise NameTakenError(f"Could not claim the name {name!r}: other processes keep taking it.")
+        run_folder.dir_fd = open_dir(folder)
         _claimed_in_this_process.add(run_folder)
         return run_folder
 
@@ -313,8 +332,16 @@ class RunFolder:
             record: The fields to write; `base_record` fields are added.
         """
         with self._write_lock:
-            if not self._released and self.path.is_dir():
-                write_json_atomic(self.record_path, self._full_record(record))
+            if self.dir_fd >= 0:
+                write_json_atomic(self.record_path, self._full_record(record), dir_fd=self.dir_fd)
+
+    def seal(self) -> None:
+        """Closes the folder's handle: the run has written its last record.
+        Idempotent."""
+        with self._write_lock:
+            if self.dir_fd >= 0:
+                os.close(self.dir_fd)
+                self.dir_fd = -1
 
     def owns_folder(self) -> bool:
         """True while the folder on disk still belongs to this run."""
@@ -324,6 +351,7 @@ class RunFolder:
     def release(self) -> None:
         """Removes the run's folder if it is still this run's. Idempotent."""
         _claimed_in_this_process.discard(self)
+        self.seal()
         with self._write_lock:
             if self._released:
                 return
@@ -389,7 +417,7 @@ def list_runs(root: Path | None = None, *, clean: bool = True) -> list[dict[str,
     except FileNotFoundError:
         return []
     if clean:
-        _remove_dead_locks(root)
+        sweep_dead_runs(root)
     records = []
     for name in names:
         if name.startswith("."):
@@ -513,7 +541,12 @@ def _is_event(value: Any) -> bool:
 
 
 def _is_ack(value: Any) -> bool:
-    return isinstance(value, dict) and _is_str(value.get("id")) and _is_str(value.get("outcome")) and _is_str(value.get("message", ""))
+    return (
+        isinstance(value, dict)
+        and _is_list_of(_is_str)(value.get("ids"))
+        and _is_str(value.get("outcome"))
+        and _is_str(value.get("message"))
+    )
 
 
 def _is_history_entry(value: Any) -> bool:

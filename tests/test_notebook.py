@@ -266,6 +266,8 @@ def test_what_the_training_thread_prints_shows_in_the_panel(kernel):
         ("--on-interrupt explode", "invalid choice"),
         ("--name ../etc", "Invalid run name"),
         ("--bogus", "unrecognized arguments"),
+        ('--name "unbalanced', "No closing quotation"),
+        ("--keep many", "invalid int value"),
     ],
 )
 def test_wrong_options_are_usage_errors(kernel, line, message):

@@ -200,7 +200,10 @@ class TrainControlMagics(Magics):
         ``jupyter-traincontrol send NAME stop`` (or save, abort, pause,
         resume).
         """
-        args = parse_argstring(self.interruptible_fit, line)
+        try:
+            args = parse_argstring(self.interruptible_fit, line)
+        except ValueError as error:  # shell quoting: "No closing quotation", ...
+            raise UsageError(f"%%interruptible_fit: cannot read the options {line[:80]!r}: {error}.") from None
         if not cell.strip():
             raise UsageError("%%interruptible_fit: the cell is empty. Put the code that calls fit below the magic line.")
         keep = self.keep if args.keep is None else args.keep

@@ -1,0 +1,195 @@
+"""What each command does to a `fit`, at a batch boundary, on the training thread.
+
+`CommandActions` takes the requests waiting in a run's channel and carries
+them out (the table is `commands.COMMAND_HELP`): ``save`` writes a
+checkpoint, ``stop`` writes one and ends `fit` the Keras way
+(``model.stop_training``), ``abort`` ends it without one, ``pause`` holds
+the thread until ``resume``, ``stop`` or ``abort``. Each request is then
+acknowledged in the run's record with its outcome (``applied``,
+``ignored`` or ``failed``), and the record is published once for all the
+requests of a boundary. Saves asked for at one boundary are one checkpoint:
+a burst of them costs training one save.
+
+`FitProgress` says where `fit` is; `ControlCallback` keeps it up to date.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from .checkpoint import CheckpointError, TrainingPosition
+from .commands import Command, Request, RunState
+from .lifecycle import RunLifecycle
+from .resume import optimizer_step
+
+__all__ = ["CommandActions", "FitProgress"]
+
+_PAUSE_POLL_SECONDS = 0.25
+
+Outcome = tuple[str, str]  # ("applied" | "ignored" | "failed", a sentence)
+
+
+class FitProgress:
+    """Where a `fit` stands, as its Keras hooks saw it.
+
+    Attributes:
+        epoch: Zero-based index of the epoch in progress.
+        step: Batches of that epoch trained.
+        boundary: Batch boundaries passed since train begin.
+        mid_epoch: True while commands are applied right after a training
+            batch (rather than at an epoch's start or end, or in validation).
+        stopped_mid_epoch: True once a stop or abort came before the
+            epoch's last batch.
+    """
+
+    def __init__(self, epoch: int = 0):
+        self.epoch = epoch
+        self.step = 0
+        self.boundary = 0
+        self.mid_epoch = False
+        self.stopped_mid_epoch = False
+
+    def position(self, model, steps_per_epoch: int | None) -> TrainingPosition:
+        """The position a checkpoint taken now records."""
+        if self.mid_epoch:
+            complete = steps_per_epoch is not None and self.step >= steps_per_epoch
+        else:
+            complete = self.step > 0 and not self.stopped_mid_epoch
+        return TrainingPosition(
+            epoch=self.epoch,
+            step_in_epoch=self.step,
+            steps_per_epoch=steps_per_epoch,
+            global_step=optimizer_step(model),
+            epoch_complete=complete,
+        )
+
+
+class CommandActions:
+    """Carries out a run's commands on its model, one boundary at a time.
+
+    Args:
+        model: The model being trained.
+        lifecycle: The run (its channel, store, state and record).
+        progress: Where `fit` stands.
+        say: Prints one line for the user (or not, when quiet).
+    """
+
+    def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None]):
+        self.model = model
+        self.lifecycle = lifecycle
+        self.progress = progress
+        self.ended_by: Command | None = None
+        self.interrupted = False
+        self._say = say
+        self._channel = lifecycle.channel
+        self._last_save: tuple[int, str] | None = None  # (boundary, what that save wrote)
+        self._actions: dict[Command, Callable[[Request], Outcome | None]] = {
+            Command.SAVE: self._save,
+            Command.STOP: self._stop,
+            Command.ABORT: self._abort,
+            Command.PAUSE: self._hold,
+            Command.RESUME: lambda _request: self._ignored("The run is not paused; 'resume' ignored."),
+        }
+
+    @property
+    def pending(self) -> bool:
+        """True when a command waits (cheap: one queue check)."""
+        channel = self._channel
+        return channel is not None and channel.pending
+
+    def detach(self) -> None:
+        """Stops taking commands (the run has ended); a held pause lets go."""
+        self._channel = None
+
+    def apply_pending(self, mid_epoch: bool) -> None:
+        """Applies every waiting request, then publishes the record once."""
+        if not self.pending:
+            return
+        self.progress.mid_epoch = mid_epoch
+        channel = self._channel
+        while (request := channel.pop()) is not None:
+            self._apply(request)
+        self.lifecycle.publish(force=True)  # senders see their acks now
+
+    def _apply(self, request: Request) -> None:
+        self.lifecycle.log("command", f"{request.command} received")
+        outcome = self._actions[request.command](request)
+        if outcome is not None:  # None: the action acknowledged it itself
+            self.lifecycle.acknowledge(request, *outcome)
+
+    def _ignored(self, message: str) -> Outcome:
+        self.lifecycle.log("info", message)
+        return "ignored", message
+
+    # The commands ----------------------------------------------------------
+
+    def _save(self, _request: Request) -> Outcome:
+        if self._last_save is not None and self._last_save[0] == self.progress.boundary:
+            message = f"merged with the save just taken (no batch trained since): {self._last_save[1]}"
+            self.lifecycle.log("info", message[0].upper() + message[1:])
+            return "applied", message
+        return self._checkpoint("save")
+
+    def _stop(self, _request: Request) -> Outcome:
+        if self.ended_by is not None:
+            return self._ignored("Already stopping; 'stop' ignored.")
+        outcome, message = self._checkpoint("interrupt" if self.interrupted else "stop")
+        self._end_fit(Command.STOP)
+        return outcome, message if outcome == "applied" else f"stopping without a checkpoint: {message}"
+
+    def _abort(self, _request: Request) -> Outcome:
+        if self.ended_by is Command.ABORT:
+            return self._ignored("Already aborting; 'abort' ignored.")
+        self._end_fit(Command.ABORT)
+        return "applied", "aborting without a checkpoint"
+
+    def _hold(self, pause: Request) -> None:
+        """Holds the training thread here until ``resume``, ``stop`` or ``abort``."""
+        lifecycle = self.lifecycle
+        lifecycle.set_state(RunState.PAUSED)
+        lifecycle.acknowledge(pause, "applied", "paused")
+        self._say(f"Run {lifecycle.name!r} paused; send 'resume' to go on.")
+        lifecycle.publish(force=True)
+        while (channel := self._channel) is not None:  # None once the run was ended meanwhile
+            request = channel.get(_PAUSE_POLL_SECONDS)
+            if request is None:
+                continue
+            if request.command is Command.RESUME:
+                lifecycle.log("command", "resume received")
+                lifecycle.set_state(RunState.RUNNING)
+                lifecycle.acknowledge(request, "applied", "resumed")
+                return
+            if request.command is Command.PAUSE:
+                lifecycle.acknowledge(request, *self._ignored("Already paused; 'pause' ignored."))
+            else:
+                self._apply(request)
+            lifecycle.publish(force=True)  # the sender sees its ack now
+            if self.ended_by is not None:
+                return
+
+    def _end_fit(self, command: Command) -> None:
+        progress, steps = self.progress, self.lifecycle.steps
+        if progress.mid_epoch and (steps is None or progress.step < steps):
+            progress.stopped_mid_epoch = True
+        self.ended_by = command
+        self.model.stop_training = True
+        self.lifecycle.set_state(RunState.STOPPING)
+
+    def _checkpoint(self, reason: str) -> Outcome:
+        """Writes a checkpoint; says what it wrote, or why it could not."""
+        lifecycle = self.lifecycle
+        position = self.progress.position(self.model, lifecycle.steps)
+        try:
+            checkpoint = lifecycle.store.save(
+                self.model, position, reason=reason, metrics=lifecycle.metrics, run=lifecycle.name
+            )
+        except CheckpointError as error:
+            lifecycle.log("error", str(error))
+            self._say(str(error), stream=sys.stderr)
+            return "failed", str(error)
+        lifecycle.global_step = position.global_step
+        lifecycle.add_checkpoint(checkpoint)
+        self._last_save = (self.progress.boundary, str(checkpoint.path))
+        self._say(f"Checkpoint ({reason}) written: {checkpoint.path}")
+        return "applied", f"checkpoint written: {checkpoint.path}"
