@@ -382,13 +382,16 @@ def open_channel(folder: Path, kind: str | None = None, **kwargs) -> CommandChan
     return classes[kind](folder, **kwargs).start()
 
 
-def send_command(address: str | os.PathLike, request: str | Command | Request) -> Request:
+def send_command(address: str | os.PathLike, request: str | Command | Request, kind: str | None = None) -> Request:
     """Delivers one command to a channel without ever blocking.
 
     Args:
         address: A FIFO path, or the inbox folder of a spool channel.
         request: A command line, for example ``"stop"`` or ``"save #a1"``,
             or a `Command` or `Request`.
+        kind: ``"fifo"`` or ``"spool"`` if the sender knows which the
+            channel is (then anything else there is refused); None accepts
+            either.
 
     Returns:
         The request delivered.
@@ -406,12 +409,13 @@ def send_command(address: str | os.PathLike, request: str | Command | Request) -
         st = os.lstat(address)
     except FileNotFoundError:
         raise NotListeningError(f"No channel at {address}: the run is not listening.") from None
-    if stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(st.st_mode) and kind in (None, "spool"):
         _send_to_spool(address, request)
-    elif stat.S_ISFIFO(st.st_mode):
+    elif stat.S_ISFIFO(st.st_mode) and kind in (None, "fifo"):
         _send_to_fifo(address, request)
-    else:
-        check_private(address, st, kind="fifo")  # raises: a file, a symlink, a device, ...
+    else:  # a file, a folder where a FIFO should be, a symlink, a device: never opened
+        check_private(address, st, kind="dir" if kind == "spool" else "fifo")
+        raise UnsafePathError(f"Refusing {address}: expected a {kind}, found mode {stat.filemode(st.st_mode)}.")
     return request
 
 

@@ -108,7 +108,7 @@ def _command_send(args: argparse.Namespace) -> int:
         return _fail(str(error), EXIT_FAILED)
     except TimeoutError as error:
         return _fail(str(error), EXIT_TIMEOUT)
-    print(f"Sent {request} to {args.name}: {ack['message']}.")
+    print(f"Sent {request} to {args.name}: {ack['message'].rstrip('.')}.")
     return 0
 
 

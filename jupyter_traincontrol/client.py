@@ -73,7 +73,7 @@ def send(name: str, command: str | Command | Request) -> Request:
     if record.get("state") in FINAL_STATES or address is None:
         raise NotListeningError(f"Run {_shown(name)!r} has ended ({record.get('state')}); it takes no more commands.")
     try:
-        send_command(address, request)
+        send_command(address, request, kind=record.get("channel"))
     except NotListeningError:
         raise NotListeningError(f"Run {_shown(name)!r} is not listening any more (its channel {address} has no reader).") from None
     return request

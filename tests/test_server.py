@@ -7,6 +7,7 @@ receive commands), and the example training script in a subprocess.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,14 +15,23 @@ from http.cookies import SimpleCookie
 
 import pytest
 import tornado.httpclient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jupyter_server.serverapp import ServerApp
 
 from helpers import child_env, read_sidecar
 from jupyter_traincontrol.cli import main as cli_main
 from jupyter_traincontrol.commands import Command
 from jupyter_traincontrol.lifecycle import RunLifecycle
+from jupyter_traincontrol.registry import registry_root
+from jupyter_traincontrol.server.handlers import BadBodyError, command_from_body
 
 API = ("traincontrol", "api")
+_json_bodies = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["command", "cmd", "x"]) | st.text(max_size=5), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 @pytest.fixture
@@ -233,3 +243,48 @@ def test_the_server_extension_does_not_import_keras():
         "sys.exit(bool({'keras', 'tensorflow'} & set(sys.modules)))"
     )
     assert subprocess.run([sys.executable, "-c", code], env=child_env()).returncode == 0
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.binary(max_size=600), _json_bodies.map(lambda value: json.dumps(value).encode())))
+def test_any_body_is_a_command_text_or_one_clear_error(raw):
+    try:
+        command = command_from_body(raw)
+    except BadBodyError as error:
+        assert str(error) and len(str(error)) < 400
+    else:
+        assert isinstance(command, str)
+
+
+@pytest.mark.parametrize("body", [b"[" * 3000 + b"]" * 3000, b'{"command": ' + b"[" * 2000 + b"]" * 2000 + b"}", b"x" * 100_000])
+async def test_deep_or_huge_bodies_are_400_not_500(api, live_run, body):
+    code, reply = await post_command(api, "alpha", body)
+    assert code == 400 and reply["message"]
+    assert not live_run.channel.pending
+
+
+async def test_a_post_reads_its_run_only_not_the_whole_registry(api, live_run, monkeypatch):
+    from jupyter_traincontrol import registry
+
+    scans = []
+    real = registry.list_runs
+    monkeypatch.setattr(registry, "list_runs", lambda *args, **kwargs: scans.append(1) or real(*args, **kwargs))
+    assert (await post_command(api, "alpha", {"command": "save"}))[0] == 202
+    assert scans == []
+
+
+async def test_a_malformed_record_beside_good_ones_is_skipped_not_a_500(api, live_run):
+    folder = registry_root() / "broken"
+    folder.mkdir(mode=0o700)
+    (folder / "run.json").write_text('{"name": "broken", "pid": 1')
+    os.link(live_run._folder.path / "lock", folder / "lock")  # "alive": not cleaned away
+    assert [run["name"] for run in await get_runs(api)] == ["alpha"]
+    code, reply = await post_command(api, "broken", {"command": "stop"})
+    assert code == 404 and "No run named 'broken'" in reply["message"]
+
+
+async def test_vocabulary_is_served_for_the_side_panel(api):
+    response = await api(*API, "commands")
+    vocabulary = json.loads(response.body)
+    assert [c["name"] for c in vocabulary["commands"]] == ["stop", "save", "abort", "pause", "resume"]
+    assert vocabulary["allowed"]["stopping"] == ["abort"] and vocabulary["allowed"]["finished"] == []

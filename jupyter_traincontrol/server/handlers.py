@@ -37,7 +37,7 @@ from ..channel import ChannelError, NotListeningError
 from ..client import RunNotFoundError, public_records, send
 from ..commands import COMMAND_HELP, COMMAND_NAMES, RunState, UnknownCommandError, allowed_commands
 
-__all__ = ["RunsHandler", "CommandsHandler", "VocabularyHandler", "EXECUTOR_SETTING", "vocabulary"]
+__all__ = ["RunsHandler", "CommandsHandler", "VocabularyHandler", "EXECUTOR_SETTING", "vocabulary", "command_from_body"]
 
 #: The key of the extension's thread pool in the Tornado settings.
 EXECUTOR_SETTING = "traincontrol_executor"
@@ -119,7 +119,10 @@ class CommandsHandler(_TrainControlHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self, name: str) -> None:
-        command = self._command_from_body()
+        try:
+            command = command_from_body(self.request.body)
+        except BadBodyError as error:
+            raise tornado.web.HTTPError(400, str(error)) from None
         try:
             sent = await self._run_blocking(send, name, command)
         except UnknownCommandError as error:
@@ -136,23 +139,38 @@ class CommandsHandler(_TrainControlHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"name": name, "command": str(sent), "id": sent.request_id, "message": f"Sent {sent} to {name}."}))
 
-    def _command_from_body(self) -> str:
-        """The ``command`` of the JSON body; 400 if the body is not that."""
-        expected = f'Expected a JSON object like {{"command": "stop"}} with a command among: {", ".join(COMMAND_NAMES)}.'
-        raw = self.request.body
+
+class BadBodyError(ValueError):
+    """A POST body that is not ``{"command": "..."}``; the message says why."""
+
+
+def command_from_body(raw: bytes) -> str:
+    """The ``command`` of a POST body.
+
+    Args:
+        raw: The request body, as received.
+
+    Returns:
+        The command text (not yet parsed).
+
+    Raises:
+        BadBodyError: For anything but a JSON object with a text
+            ``command`` (never another exception, whatever the bytes).
+    """
+    expected = f'Expected a JSON object like {{"command": "stop"}} with a command among: {", ".join(COMMAND_NAMES)}.'
+    if len(raw) > _MAX_BODY_BYTES:
+        raise BadBodyError(f"The body has {len(raw)} bytes; at most {_MAX_BODY_BYTES} expected. {expected}")
+    try:
+        body = json.loads(raw or b"")
+    except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
         shown = raw[:60].decode("utf-8", "backslashreplace")
-        if len(raw) > _MAX_BODY_BYTES:
-            raise tornado.web.HTTPError(400, f"The body has {len(raw)} bytes; at most {_MAX_BODY_BYTES} expected. {expected}")
-        try:
-            body = json.loads(raw or b"")
-        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
-            raise tornado.web.HTTPError(400, f"The body is not JSON: {shown!r}. {expected}") from None
-        if not isinstance(body, dict) or "command" not in body:
-            raise tornado.web.HTTPError(400, f"Got {_short_json(body)}. {expected}")
-        command = body["command"]
-        if not isinstance(command, str):
-            raise tornado.web.HTTPError(400, f"Got command {_short_json(command)}, not a string. {expected}")
-        return command
+        raise BadBodyError(f"The body is not JSON: {shown!r}. {expected}") from None
+    if not isinstance(body, dict) or "command" not in body:
+        raise BadBodyError(f"Got {_short_json(body)}. {expected}")
+    command = body["command"]
+    if not isinstance(command, str):
+        raise BadBodyError(f"Got command {_short_json(command)}, not a string. {expected}")
+    return command
 
 
 def _short_json(value: Any) -> str:

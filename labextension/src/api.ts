@@ -52,6 +52,8 @@ export interface IRun {
   history?: IEpochLogs[];
   /** The loss per batch, `[batch, loss]`, batch counted across epochs (at most ~300 points; loss null for a NaN). */
   loss_curve?: [number, number | null][];
+  /** The commands that make sense in the run's state (the vocabulary's table). */
+  commands?: Command[];
   /** How many of `checkpoints` this run wrote (the others are earlier runs' of the same name). */
   checkpoints_this_run?: number;
   events?: IRunEvent[];

@@ -16,15 +16,16 @@ import {
   whereText
 } from './format';
 import { isActive } from './model';
+import { allowedFor, helpFor } from './vocabulary';
 
 /** Called when a button is pressed; resolves to the words to show. */
 export type CommandHandler = (run: IRun, command: Command) => Promise<string>;
 
-const BUTTONS: { label: string; command: Command; title: string }[] = [
-  { label: 'Save', command: 'save', title: 'Write a checkpoint now; training goes on' },
-  { label: 'Stop', command: 'stop', title: 'Write a checkpoint, then end fit gracefully' },
-  { label: 'Abort', command: 'abort', title: 'End fit gracefully without a checkpoint' },
-  { label: 'Pause', command: 'pause', title: 'Hold training (Save, Stop, Abort still act)' }
+const BUTTONS: { label: string; command: Command }[] = [
+  { label: 'Save', command: 'save' },
+  { label: 'Stop', command: 'stop' },
+  { label: 'Abort', command: 'abort' },
+  { label: 'Pause', command: 'pause' }
 ];
 
 export class RunCard {
@@ -46,7 +47,6 @@ export class RunCard {
       button.type = 'button';
       button.className = 'jp-TrainControl-button';
       button.textContent = spec.label;
-      button.title = spec.title;
       button.dataset.command = spec.command;
       button.addEventListener('click', () => void this._press(button));
       this._buttons.appendChild(button);
@@ -110,14 +110,16 @@ export class RunCard {
     this._body.replaceChildren(...parts);
 
     this._buttons.hidden = !active;
+    const allowed = allowedFor(run);
     for (const button of Array.from(this._buttons.querySelectorAll('button'))) {
       if (button.dataset.command === 'pause' || button.dataset.command === 'resume') {
-        const paused = run.state === 'paused';
+        const paused = allowed.includes('resume');
         button.dataset.command = paused ? 'resume' : 'pause';
         button.textContent = paused ? 'Resume' : 'Pause';
-        button.title = paused ? 'Let the paused run go on' : BUTTONS[3].title;
       }
-      button.disabled = this._pending || run.state === 'stopping';
+      const command = button.dataset.command as Command;
+      button.title = helpFor(command);
+      button.disabled = this._pending || !allowed.includes(command);
     }
     this._footer.replaceChildren(...this._checkpoints(run));
   }

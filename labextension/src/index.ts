@@ -17,6 +17,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Command } from './api';
 import { RunsModel } from './model';
 import { NotebookPanelButtons } from './notebookButtons';
+import { loadVocabulary } from './vocabulary';
 import { PANEL_ID, RunsPanel } from './panel';
 import { RunsStatus } from './status';
 
@@ -50,6 +51,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer: ILayoutRestorer | null
   ) => {
     const model = new RunsModel();
+    // Help texts and which commands apply in which state, from the server's one table.
+    loadVocabulary().catch(error => console.warn('jupyter-traincontrol: no command vocabulary', error));
     // The notebook panel's buttons: straight to the server, whatever the kernel does.
     new NotebookPanelButtons(app, model);
     const panel = new RunsPanel(model);
