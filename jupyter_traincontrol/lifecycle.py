@@ -348,7 +348,6 @@ class RunLifecycle:
     def record(self) -> dict[str, Any]:
         """The run's record as published (without the registry's fields)."""
         channel = self.channel
-        checkpoints = self.checkpoints()
         return {
             **self._extra_record,
             "state": str(self.state),

@@ -39,7 +39,6 @@ from jupyter_traincontrol.private_fs import UnsafePathError
 from jupyter_traincontrol.registry import (
     RECORD_NAME,
     RunFolder,
-    find_run,
     list_runs,
     registry_root,
     validate_record,

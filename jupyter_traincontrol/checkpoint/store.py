@@ -1,4 +1,4 @@
-"""Checkpoints that are never half-written, and restoring from them.
+"""The checkpoint store: checkpoints that are never half-written, and restoring from them.
 
 A checkpoint is a ``.keras`` file (architecture, weights and optimizer state;
 `keras.models.load_model` opens it in any process) plus a small JSON sidecar
@@ -71,326 +71,36 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .private_fs import UnsafePathError, ensure_private_dir, json_safe, make_private_dirs
+from ..private_fs import UnsafePathError, ensure_private_dir, json_safe, make_private_dirs
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointDirBusyError",
-    "CheckpointDirChangedError",
-    "CheckpointDirError",
-    "CheckpointError",
-    "CheckpointStore",
-    "LOCK_FILE",
-    "MalformedSidecarError",
-    "Restored",
-    "SIDECAR_FORMAT",
-    "SkippedCheckpoint",
-    "TrainingPosition",
-    "parse_sidecar",
-    "read_sidecar",
-    "restore_weights",
-]
+from .records import (
+    Checkpoint,
+    CheckpointDirBusyError,
+    CheckpointDirChangedError,
+    CheckpointDirError,
+    CheckpointError,
+    MalformedSidecarError,
+    Restored,
+    SkippedCheckpoint,
+    TrainingPosition,
+)
+from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, check_run_name, read_sidecar
+
+__all__ = ["CheckpointStore", "LOCK_FILE", "restore_weights"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
-SIDECAR_FORMAT = 2
-#: The tool's marker in every sidecar and lock record it writes.
-TOOL = "jupyter-traincontrol"
 #: The lock file of a checkpoint folder (never removed: see `CheckpointStore.release`).
 LOCK_FILE = ".traincontrol.lock"
-#: The run name of a store given none.
-DEFAULT_RUN = "run"
 _STAGING_PREFIX = ".partial-"
 _STAGED_MODEL = "model.keras"
 _STAGED_SIDECAR = "info.json"
 _LOCK_RECORD_BYTES = 4096  # one page: a record is written with one pwrite, whole or not at all
-_SIDECAR_MAX_BYTES = 64 * 1024
-_MAX_COUNT = 2**53  # epochs, steps, sequences: exact in any JSON reader
-_MAX_SIZE = 2**62
-_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 #: Names the store writes, used only to avoid reusing a number and to say
 #: which broken sidecar a resume skipped; never to decide what is ours.
 _OUR_NAME = re.compile(r"^ckpt-(?P<seq>\d{6,})-epoch\d+-step\d+\.(?:keras|json)$")
 #: Reasons of checkpoints that end a run: flushed to disk before `save` returns.
 _FLUSH_AT_ONCE = frozenset({"stop", "interrupt"})
-
-
-class CheckpointError(OSError):
-    """A checkpoint could not be written or read."""
-
-
-class CheckpointDirError(CheckpointError):
-    """The checkpoint folder cannot be used: a file, a dangling symlink,
-    unwritable, or unsafe."""
-
-
-class CheckpointDirBusyError(CheckpointDirError):
-    """Another live run holds the checkpoint folder."""
-
-
-class CheckpointDirChangedError(CheckpointDirError):
-    """The checkpoint folder was replaced or removed under a live run."""
-
-
-class MalformedSidecarError(CheckpointError):
-    """A file is not a sidecar of this tool: not JSON, or a field is wrong."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingPosition:
-    """Where training stands, in Keras's terms.
-
-    Attributes:
-        epoch: Zero-based index of the epoch in progress (as `initial_epoch`).
-        step_in_epoch: Batches of that epoch already trained.
-        steps_per_epoch: Batches in an epoch, or None while unknown.
-        global_step: Optimizer steps taken in all (`optimizer.iterations`).
-        epoch_complete: True once every batch of `epoch` is trained.
-    """
-
-    epoch: int
-    step_in_epoch: int
-    steps_per_epoch: int | None = None
-    global_step: int = 0
-    epoch_complete: bool = False
-
-    @property
-    def resume_epoch(self) -> int:
-        """The epoch a resumed `fit` continues in."""
-        return self.epoch + 1 if self.epoch_complete else self.epoch
-
-    @property
-    def resume_step(self) -> int:
-        """Batches of `resume_epoch` already trained."""
-        return 0 if self.epoch_complete else self.step_in_epoch
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-    """A complete checkpoint on disk.
-
-    Attributes:
-        path: The ``.keras`` file.
-        info: The sidecar's content, as checked by `parse_sidecar`.
-    """
-
-    path: Path
-    info: Mapping[str, Any]
-
-    @property
-    def sidecar(self) -> Path:
-        """The JSON sidecar next to `path`."""
-        return self.path.with_suffix(".json")
-
-    @property
-    def sequence(self) -> int:
-        """Position in the folder's order: larger is newer."""
-        return int(self.info["sequence"])
-
-    @property
-    def run(self) -> str:
-        """The name of the run that wrote it."""
-        return self.info["run"] if self.info.get("run") is not None else DEFAULT_RUN
-
-    @property
-    def position(self) -> TrainingPosition:
-        """Where training stood when the checkpoint was taken."""
-        return TrainingPosition(
-            epoch=int(self.info["epoch"]),
-            step_in_epoch=int(self.info["step_in_epoch"]),
-            steps_per_epoch=self.info.get("steps_per_epoch"),
-            global_step=int(self.info.get("global_step") or 0),
-            epoch_complete=bool(self.info["epoch_complete"]),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class SkippedCheckpoint:
-    """A checkpoint that a resume passed over, and why."""
-
-    path: Path
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Restored:
-    """What `CheckpointStore.restore_latest` did.
-
-    Attributes:
-        checkpoint: The checkpoint now loaded in the model, or None (then the
-            model is as it was).
-        skipped: Newer checkpoints that could not be used, newest first.
-    """
-
-    checkpoint: Checkpoint | None
-    skipped: list[SkippedCheckpoint]
-
-
-# The sidecar reader -----------------------------------------------------------
-
-
-def _whole(low: int, high: int):
-    def check(value):
-        if type(value) is not int or not low <= value <= high:
-            raise ValueError(f"{_shown(value)}; expected a whole number from {low} to {high}")
-        return value
-
-    return check
-
-
-def _optional(check):
-    return lambda value: None if value is None else check(value)
-
-
-def _boolean(value):
-    if type(value) is not bool:
-        raise ValueError(f"{_shown(value)}; expected true or false")
-    return value
-
-
-def _text(longest: int):
-    def check(value):
-        if not isinstance(value, str) or not 0 < len(value) <= longest or not value.isprintable():
-            raise ValueError(f"{_shown(value)}; expected printable text of 1 to {longest} characters")
-        return value
-
-    return check
-
-
-def _exactly(expected):
-    def check(value):
-        if value != expected or type(value) is not type(expected):
-            raise ValueError(f"{_shown(value)}; expected {expected!r}")
-        return value
-
-    return check
-
-
-def _run_id(value):
-    if not isinstance(value, str) or not _RUN_ID.match(value):
-        raise ValueError(f"{_shown(value)}; expected 32 lowercase hex digits")
-    return value
-
-
-def _model_file(value):
-    if not isinstance(value, str) or not value.endswith(".keras") or len(value) > 255:
-        raise ValueError(f"{_shown(value)}; expected a .keras file name")
-    if "/" in value or "\\" in value or "\0" in value or value.startswith("."):
-        raise ValueError(f"{_shown(value)}; expected a plain file name, without a folder")
-    return value
-
-
-def _metrics(value):
-    if not isinstance(value, dict) or len(value) > 1000:
-        raise ValueError(f"{_shown(value)}; expected an object of at most 1000 metrics")
-    plain = {}
-    for key, number in value.items():
-        if number is None or (isinstance(number, float) and not math.isfinite(number)):
-            plain[key] = None  # NaN written by format 1, or a hand edit
-        elif type(number) in (int, float) and abs(number) < 1e300:
-            plain[key] = float(number)
-        else:
-            raise ValueError(f"metric {key[:40]!r} is {_shown(number)}; expected a number or null")
-    return plain
-
-
-_RUN_NAME = _text(255)
-_FIELDS = {
-    "sequence": _whole(1, _MAX_COUNT),
-    "file": _model_file,
-    "size": _whole(1, _MAX_SIZE),
-    "epoch": _whole(0, _MAX_COUNT),
-    "step_in_epoch": _whole(0, _MAX_COUNT),
-    "steps_per_epoch": _optional(_whole(1, _MAX_COUNT)),
-    "epoch_complete": _boolean,
-    "global_step": _optional(_whole(0, _MAX_COUNT)),
-    "resume_epoch": _whole(0, _MAX_COUNT),
-    "resume_step": _whole(0, _MAX_COUNT),
-    "metrics": _metrics,
-    "reason": _text(64),
-    "time": _text(64),
-}
-_FIELDS_BY_FORMAT = {
-    1: {**_FIELDS, "format": _exactly(1), "run": _optional(_RUN_NAME)},
-    2: {**_FIELDS, "format": _exactly(2), "tool": _exactly(TOOL), "run": _RUN_NAME, "run_id": _run_id},
-}
-
-
-def parse_sidecar(data: bytes, name: str) -> dict[str, Any]:
-    """Checks the bytes of a sidecar named `name`; returns its fields.
-
-    A sidecar of this tool is a JSON object with the tool's marker, its
-    format (1, written by the previous release, or 2), the run's name and
-    ``run_id`` (format 2), the model file's name (the sidecar's own name with
-    ``.keras``) and size, and where training stood. Every field must have
-    its type and a sane range; fields not known here are dropped.
-
-    Args:
-        data: The file's content.
-        name: The sidecar's file name (the model file's name must match it).
-
-    Returns:
-        The checked fields. Non-finite metrics are None.
-
-    Raises:
-        MalformedSidecarError: Saying what was found and what was expected.
-            Nothing else, whatever `data` holds.
-    """
-    if len(data) > _SIDECAR_MAX_BYTES:
-        raise MalformedSidecarError(f"{name}: {len(data)} bytes; expected a sidecar of at most {_SIDECAR_MAX_BYTES}.")
-    try:
-        info = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise MalformedSidecarError(f"{name}: not JSON ({type(error).__name__}); expected a JSON object.") from None
-    if not isinstance(info, dict):
-        raise MalformedSidecarError(f"{name}: a JSON {type(info).__name__}; expected a JSON object.")
-    fields = _FIELDS_BY_FORMAT.get(info.get("format")) if type(info.get("format")) is int else None
-    if fields is None:
-        raise MalformedSidecarError(f"{name}: format {_shown(info.get('format'))}; expected 1 or 2.")
-    checked = {}
-    for field, check in fields.items():
-        if field not in info:
-            raise MalformedSidecarError(f"{name}: no {field!r}; expected every field of format {info['format']}.")
-        try:
-            checked[field] = check(info[field])
-        except ValueError as error:
-            raise MalformedSidecarError(f"{name}: {field!r} is {error}.") from None
-    expected_file = name[: -len(".json")] + ".keras" if name.endswith(".json") else None
-    if checked["file"] != expected_file:
-        raise MalformedSidecarError(f"{name}: 'file' is {checked['file']!r}; expected {expected_file!r}.")
-    return checked
-
-
-def read_sidecar(directory: Path | int, name: str) -> dict[str, Any]:
-    """Reads and checks sidecar `name` of a folder (a path or a descriptor).
-
-    Never follows a symlink, never blocks on a FIFO, reads at most
-    `_SIDECAR_MAX_BYTES` + 1 bytes.
-
-    Raises:
-        MalformedSidecarError: If it is not a regular file, cannot be read,
-            or `parse_sidecar` refuses it.
-    """
-    dir_fd = directory if isinstance(directory, int) else None
-    path = name if dir_fd is not None else os.path.join(directory, name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as error:
-        raise MalformedSidecarError(f"{name}: cannot be opened ({error.strerror}); expected a readable file.") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise MalformedSidecarError(f"{name}: not a regular file; expected a sidecar file.")
-        data = os.read(fd, _SIDECAR_MAX_BYTES + 1)
-    except OSError as error:
-        raise MalformedSidecarError(f"{name}: cannot be read ({error.strerror}).") from None
-    finally:
-        os.close(fd)
-    return parse_sidecar(data, name)
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 # The store ------------------------------------------------------------------
@@ -443,7 +153,7 @@ class CheckpointStore:
             raise ValueError(f"keep must be a whole number of at least 1, got {keep!r}.")
         if run is not None:
             try:
-                _RUN_NAME(run)
+                check_run_name(run)
             except ValueError as error:
                 raise ValueError(f"run is {error}.") from None
         self.directory = Path(directory).absolute()

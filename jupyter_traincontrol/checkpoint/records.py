@@ -1,0 +1,134 @@
+"""What a checkpoint is, in memory: where training stood, and the errors of the store."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = [
+    "DEFAULT_RUN",
+    "Checkpoint",
+    "CheckpointDirBusyError",
+    "CheckpointDirChangedError",
+    "CheckpointDirError",
+    "CheckpointError",
+    "MalformedSidecarError",
+    "Restored",
+    "SkippedCheckpoint",
+    "TrainingPosition",
+]
+
+#: The run name of a store given none.
+DEFAULT_RUN = "run"
+
+
+class CheckpointError(OSError):
+    """A checkpoint could not be written or read."""
+
+
+class CheckpointDirError(CheckpointError):
+    """The checkpoint folder cannot be used: a file, a dangling symlink,
+    unwritable, or unsafe."""
+
+
+class CheckpointDirBusyError(CheckpointDirError):
+    """Another live run holds the checkpoint folder."""
+
+
+class CheckpointDirChangedError(CheckpointDirError):
+    """The checkpoint folder was replaced or removed under a live run."""
+
+
+class MalformedSidecarError(CheckpointError):
+    """A file is not a sidecar of this tool: not JSON, or a field is wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPosition:
+    """Where training stands, in Keras's terms.
+
+    Attributes:
+        epoch: Zero-based index of the epoch in progress (as `initial_epoch`).
+        step_in_epoch: Batches of that epoch already trained.
+        steps_per_epoch: Batches in an epoch, or None while unknown.
+        global_step: Optimizer steps taken in all (`optimizer.iterations`).
+        epoch_complete: True once every batch of `epoch` is trained.
+    """
+
+    epoch: int
+    step_in_epoch: int
+    steps_per_epoch: int | None = None
+    global_step: int = 0
+    epoch_complete: bool = False
+
+    @property
+    def resume_epoch(self) -> int:
+        """The epoch a resumed `fit` continues in."""
+        return self.epoch + 1 if self.epoch_complete else self.epoch
+
+    @property
+    def resume_step(self) -> int:
+        """Batches of `resume_epoch` already trained."""
+        return 0 if self.epoch_complete else self.step_in_epoch
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint on disk.
+
+    Attributes:
+        path: The ``.keras`` file.
+        info: The sidecar's content, as checked by `parse_sidecar`.
+    """
+
+    path: Path
+    info: Mapping[str, Any]
+
+    @property
+    def sidecar(self) -> Path:
+        """The JSON sidecar next to `path`."""
+        return self.path.with_suffix(".json")
+
+    @property
+    def sequence(self) -> int:
+        """Position in the folder's order: larger is newer."""
+        return int(self.info["sequence"])
+
+    @property
+    def run(self) -> str:
+        """The name of the run that wrote it."""
+        return self.info["run"] if self.info.get("run") is not None else DEFAULT_RUN
+
+    @property
+    def position(self) -> TrainingPosition:
+        """Where training stood when the checkpoint was taken."""
+        return TrainingPosition(
+            epoch=int(self.info["epoch"]),
+            step_in_epoch=int(self.info["step_in_epoch"]),
+            steps_per_epoch=self.info.get("steps_per_epoch"),
+            global_step=int(self.info.get("global_step") or 0),
+            epoch_complete=bool(self.info["epoch_complete"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedCheckpoint:
+    """A checkpoint that a resume passed over, and why."""
+
+    path: Path
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What `CheckpointStore.restore_latest` did.
+
+    Attributes:
+        checkpoint: The checkpoint now loaded in the model, or None (then the
+            model is as it was).
+        skipped: Newer checkpoints that could not be used, newest first.
+    """
+
+    checkpoint: Checkpoint | None
+    skipped: list[SkippedCheckpoint]

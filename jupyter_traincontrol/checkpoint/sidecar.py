@@ -1,0 +1,205 @@
+"""The sidecar of a checkpoint: its format, and the strict reader of outside data.
+
+A sidecar is a small JSON file beside each ``.keras`` file: where training
+stood, why the checkpoint was taken, and whose it is (the tool's marker, the
+format, the run's name and instance id, the model file's name and size). It
+is what makes a file in the folder a checkpoint of ours: `parse_sidecar`
+accepts a sidecar only if every field is what the store writes, and raises
+`MalformedSidecarError` (only that) for anything else.
+"""
+
+from __future__ import annotations
+
+
+import json
+import math
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from .records import DEFAULT_RUN, MalformedSidecarError
+
+__all__ = ["SIDECAR_FORMAT", "TOOL", "DEFAULT_RUN", "parse_sidecar", "read_sidecar", "check_run_name"]
+
+SIDECAR_FORMAT = 2
+#: The tool's marker in every sidecar and lock record it writes.
+TOOL = "jupyter-traincontrol"
+_SIDECAR_MAX_BYTES = 64 * 1024
+_MAX_COUNT = 2**53  # epochs, steps, sequences: exact in any JSON reader
+_MAX_SIZE = 2**62
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+# The sidecar reader -----------------------------------------------------------
+
+
+def _whole(low: int, high: int):
+    def check(value):
+        if type(value) is not int or not low <= value <= high:
+            raise ValueError(f"{_shown(value)}; expected a whole number from {low} to {high}")
+        return value
+
+    return check
+
+
+def _optional(check):
+    return lambda value: None if value is None else check(value)
+
+
+def _boolean(value):
+    if type(value) is not bool:
+        raise ValueError(f"{_shown(value)}; expected true or false")
+    return value
+
+
+def _text(longest: int):
+    def check(value):
+        if not isinstance(value, str) or not 0 < len(value) <= longest or not value.isprintable():
+            raise ValueError(f"{_shown(value)}; expected printable text of 1 to {longest} characters")
+        return value
+
+    return check
+
+
+def _exactly(expected):
+    def check(value):
+        if value != expected or type(value) is not type(expected):
+            raise ValueError(f"{_shown(value)}; expected {expected!r}")
+        return value
+
+    return check
+
+
+def _run_id(value):
+    if not isinstance(value, str) or not _RUN_ID.match(value):
+        raise ValueError(f"{_shown(value)}; expected 32 lowercase hex digits")
+    return value
+
+
+def _model_file(value):
+    if not isinstance(value, str) or not value.endswith(".keras") or len(value) > 255:
+        raise ValueError(f"{_shown(value)}; expected a .keras file name")
+    if "/" in value or "\\" in value or "\0" in value or value.startswith("."):
+        raise ValueError(f"{_shown(value)}; expected a plain file name, without a folder")
+    return value
+
+
+def _metrics(value):
+    if not isinstance(value, dict) or len(value) > 1000:
+        raise ValueError(f"{_shown(value)}; expected an object of at most 1000 metrics")
+    plain = {}
+    for key, number in value.items():
+        if number is None or (isinstance(number, float) and not math.isfinite(number)):
+            plain[key] = None  # NaN written by format 1, or a hand edit
+        elif type(number) in (int, float) and abs(number) < 1e300:
+            plain[key] = float(number)
+        else:
+            raise ValueError(f"metric {key[:40]!r} is {_shown(number)}; expected a number or null")
+    return plain
+
+
+_RUN_NAME = _text(255)
+
+
+def check_run_name(value: Any) -> Any:
+    """A run name as sidecars carry it; raises `MalformedSidecarError` otherwise."""
+    return _RUN_NAME(value)
+
+_FIELDS = {
+    "sequence": _whole(1, _MAX_COUNT),
+    "file": _model_file,
+    "size": _whole(1, _MAX_SIZE),
+    "epoch": _whole(0, _MAX_COUNT),
+    "step_in_epoch": _whole(0, _MAX_COUNT),
+    "steps_per_epoch": _optional(_whole(1, _MAX_COUNT)),
+    "epoch_complete": _boolean,
+    "global_step": _optional(_whole(0, _MAX_COUNT)),
+    "resume_epoch": _whole(0, _MAX_COUNT),
+    "resume_step": _whole(0, _MAX_COUNT),
+    "metrics": _metrics,
+    "reason": _text(64),
+    "time": _text(64),
+}
+_FIELDS_BY_FORMAT = {
+    1: {**_FIELDS, "format": _exactly(1), "run": _optional(_RUN_NAME)},
+    2: {**_FIELDS, "format": _exactly(2), "tool": _exactly(TOOL), "run": _RUN_NAME, "run_id": _run_id},
+}
+
+
+def parse_sidecar(data: bytes, name: str) -> dict[str, Any]:
+    """Checks the bytes of a sidecar named `name`; returns its fields.
+
+    A sidecar of this tool is a JSON object with the tool's marker, its
+    format (1, written by the previous release, or 2), the run's name and
+    ``run_id`` (format 2), the model file's name (the sidecar's own name with
+    ``.keras``) and size, and where training stood. Every field must have
+    its type and a sane range; fields not known here are dropped.
+
+    Args:
+        data: The file's content.
+        name: The sidecar's file name (the model file's name must match it).
+
+    Returns:
+        The checked fields. Non-finite metrics are None.
+
+    Raises:
+        MalformedSidecarError: Saying what was found and what was expected.
+            Nothing else, whatever `data` holds.
+    """
+    if len(data) > _SIDECAR_MAX_BYTES:
+        raise MalformedSidecarError(f"{name}: {len(data)} bytes; expected a sidecar of at most {_SIDECAR_MAX_BYTES}.")
+    try:
+        info = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise MalformedSidecarError(f"{name}: not JSON ({type(error).__name__}); expected a JSON object.") from None
+    if not isinstance(info, dict):
+        raise MalformedSidecarError(f"{name}: a JSON {type(info).__name__}; expected a JSON object.")
+    fields = _FIELDS_BY_FORMAT.get(info.get("format")) if type(info.get("format")) is int else None
+    if fields is None:
+        raise MalformedSidecarError(f"{name}: format {_shown(info.get('format'))}; expected 1 or 2.")
+    checked = {}
+    for field, check in fields.items():
+        if field not in info:
+            raise MalformedSidecarError(f"{name}: no {field!r}; expected every field of format {info['format']}.")
+        try:
+            checked[field] = check(info[field])
+        except ValueError as error:
+            raise MalformedSidecarError(f"{name}: {field!r} is {error}.") from None
+    expected_file = name[: -len(".json")] + ".keras" if name.endswith(".json") else None
+    if checked["file"] != expected_file:
+        raise MalformedSidecarError(f"{name}: 'file' is {checked['file']!r}; expected {expected_file!r}.")
+    return checked
+
+
+def read_sidecar(directory: Path | int, name: str) -> dict[str, Any]:
+    """Reads and checks sidecar `name` of a folder (a path or a descriptor).
+
+    Never follows a symlink, never blocks on a FIFO, reads at most
+    `_SIDECAR_MAX_BYTES` + 1 bytes.
+
+    Raises:
+        MalformedSidecarError: If it is not a regular file, cannot be read,
+            or `parse_sidecar` refuses it.
+    """
+    dir_fd = directory if isinstance(directory, int) else None
+    path = name if dir_fd is not None else os.path.join(directory, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as error:
+        raise MalformedSidecarError(f"{name}: cannot be opened ({error.strerror}); expected a readable file.") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MalformedSidecarError(f"{name}: not a regular file; expected a sidecar file.")
+        data = os.read(fd, _SIDECAR_MAX_BYTES + 1)
+    except OSError as error:
+        raise MalformedSidecarError(f"{name}: cannot be read ({error.strerror}).") from None
+    finally:
+        os.close(fd)
+    return parse_sidecar(data, name)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
