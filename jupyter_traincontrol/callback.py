@@ -114,13 +114,12 @@ class ControlCallback(keras.callbacks.Callback):
     @property
     def checkpoints(self) -> list[Path]:
         """Paths of the run's complete checkpoints, oldest first."""
-        return [checkpoint.path for checkpoint in self.lifecycle.checkpoints()]
+        return self.lifecycle.checkpoint_paths()
 
     @property
     def fifo(self) -> str | None:
         """Where to write commands while the run listens."""
-        channel = self.lifecycle.channel
-        return channel.address if channel is not None else None
+        return self.lifecycle.address
 
     @property
     def ended_by(self) -> Command | None:

@@ -345,6 +345,16 @@ class RunLifecycle:
         """The run's complete checkpoints, oldest first (as of its last save)."""
         return list(self._checkpoints)
 
+    def checkpoint_paths(self) -> list[Path]:
+        """The paths of the run's complete checkpoints, oldest first."""
+        return [checkpoint.path for checkpoint in self._checkpoints]
+
+    @property
+    def address(self) -> str | None:
+        """Where to write commands while the run listens (its FIFO), else None."""
+        channel = self.channel
+        return channel.address if channel is not None else None
+
     def record(self) -> dict[str, Any]:
         """The run's record as published (without the registry's fields)."""
         channel = self.channel

@@ -354,7 +354,9 @@ def wait_idle(page, timeout: float = 90) -> None:
                message=f"an idle kernel (got {kernel_state(page)})")
 
 
-def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page, tmp_path):
+def start_training_notebook(jupyter, page, tmp_path) -> None:
+    """Opens a notebook of `TRAIN_CELLS` in JupyterLab and runs its setup and
+    its ``%%interruptible_fit`` cell (the run ``nb-busy``)."""
     server = jupyter("lab")
     cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
     (server.root / "train.ipynb").write_text(_notebook(cells))
@@ -365,6 +367,10 @@ def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page,
     run_cell(page, 0)
     wait_idle(page)
     run_cell(page, 1)
+
+
+def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page, tmp_path):
+    start_training_notebook(jupyter, page, tmp_path)
     page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output button.widget-button").first.wait_for()
     wait_idle(page)
 
@@ -422,16 +428,7 @@ PROMPT_SECONDS = 2.0
 
 
 def test_notebook_panel_buttons_act_at_once_while_the_kernel_is_busy(jupyter, page, tmp_path):
-    server = jupyter("lab")
-    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
-    (server.root / "train.ipynb").write_text(_notebook(cells))
-    page.goto(f"{server.url}/lab/tree/train.ipynb?token={TOKEN}")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-    wait_idle(page)
-    run_cell(page, 0)
-    wait_idle(page)
-    run_cell(page, 1)
+    start_training_notebook(jupyter, page, tmp_path)
     panel = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".traincontrol-panel.traincontrol-run-nb-busy")
     panel.locator("button.traincontrol-command-stop").wait_for()
     wait_idle(page)

@@ -20,10 +20,13 @@ import queue
 import sys
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..commands import COMMAND_HELP, FINAL_STATES, Command, allowed_commands
 from ..loss_curve import smooth, use_log_scale
+
+if TYPE_CHECKING:  # the panel reads the run; the run never imports the panel
+    from .run import TrainingRun
 
 __all__ = ["ControlPanel", "TextReporter", "loss_chart_svg"]
 
@@ -173,7 +176,7 @@ class ControlPanel:
             clicks wait; the panel says so and names the terminal commands).
     """
 
-    def __init__(self, run, refresh_rate: float = 5.0, kernel_busy: Callable[[], bool] = lambda: False):
+    def __init__(self, run: TrainingRun, refresh_rate: float = 5.0, kernel_busy: Callable[[], bool] = lambda: False):
         import ipywidgets as widgets
 
         self.run = run
@@ -386,7 +389,7 @@ class TextReporter:
         stream: Where to print. Defaults to the real stdout.
     """
 
-    def __init__(self, run, stream=None):
+    def __init__(self, run: TrainingRun, stream=None):
         self.run = run
         self._stream = stream or sys.__stdout__
         run.lifecycle.add_listener(self._on_event)

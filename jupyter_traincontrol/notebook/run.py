@@ -173,13 +173,12 @@ class TrainingRun(FitInterceptor):
     @property
     def checkpoints(self) -> list:
         """Paths of the run's complete checkpoints, oldest first."""
-        return [checkpoint.path for checkpoint in self.lifecycle.checkpoints()]
+        return self.lifecycle.checkpoint_paths()
 
     @property
     def fifo(self) -> str | None:
         """The run's FIFO while it listens (write commands there)."""
-        channel = self.lifecycle.channel
-        return channel.address if channel is not None else None
+        return self.lifecycle.address
 
     @property
     def error(self) -> str | None:
