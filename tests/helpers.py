@@ -13,6 +13,8 @@ from pathlib import Path
 
 TESTS_DIR = Path(__file__).parent
 REPO = TESTS_DIR.parent
+#: The programs tests run in child processes.
+PROGRAMS = TESTS_DIR / "programs"
 
 
 def build_model(seed: int = 0):
@@ -140,8 +142,13 @@ def child_env(runtime_dir: Path | None = None) -> dict:
 
 def run_python(code: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh Python process; returns the completed process."""
+    return run_program("-c", code, timeout=timeout, **kwargs)
+
+
+def run_program(*argv: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """Runs ``python ARGV`` (a program of tests/programs/, say) to its end."""
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=child_env(), **kwargs
+        [sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=child_env(), **kwargs
     )
 
 

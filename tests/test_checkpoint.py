@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import child_env, run_python
+from helpers import PROGRAMS, child_env, run_python
 from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointError, CheckpointStore, TrainingPosition, restore_weights
 
 
@@ -162,21 +162,6 @@ print("LATEST:", store.latest().path.name)
     assert [n for n in os.listdir(ckdir) if not n.startswith("ckpt-000001")] == [LOCK_FILE]
 
 
-SAVER = """
-import sys, time
-from helpers import build_model
-from jupyter_traincontrol.checkpoint import CheckpointStore, TrainingPosition
-import keras
-size = int(sys.argv[2])
-model = keras.Sequential([keras.Input((size,)), keras.layers.Dense(size)])
-model.compile("adam", "mse")
-store = CheckpointStore(sys.argv[1], keep=2)
-print("READY", flush=True)
-step = 0
-while True:
-    step += 1
-    store.save(model, TrainingPosition(epoch=0, step_in_epoch=step), reason="save")
-"""
 
 
 @pytest.mark.parametrize("size", [600])
@@ -188,7 +173,7 @@ def test_sigkill_at_random_points_never_leaves_a_broken_latest(tmp_path, size):
     kills = 6
     for attempt in range(kills):
         child = subprocess.Popen(
-            [sys.executable, "-c", SAVER, str(tmp_path), str(size)],
+            [sys.executable, str(PROGRAMS / "save_forever.py"), str(tmp_path), str(size)],
             stdout=subprocess.PIPE, env=child_env(), text=True,
         )
         assert child.stdout.readline().strip() == "READY"

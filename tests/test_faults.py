@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import REPO, At, EventLog, child_env, run_python, wait_drained, wait_until
+from helpers import PROGRAMS, REPO, At, EventLog, child_env, run_program, wait_drained, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.channel import NotListeningError, send_command
 from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointStore, TrainingPosition
@@ -90,14 +90,6 @@ def controlled(name, tmp_path, log: EventLog | None = None, **kwargs) -> Control
 
 # The FIFO of a live fit ------------------------------------------------------
 
-WRITER = """
-import sys
-from jupyter_traincontrol.channel import send_command
-fifo, words = sys.argv[1], sys.argv[2].split(",")
-sys.stdin.readline()  # the start signal: all writers go at once
-for word in words:
-    send_command(fifo, word)
-"""
 
 
 def test_fifty_writer_processes_each_command_applied_exactly_once(make_model, tiny_data, tmp_path):
@@ -128,7 +120,7 @@ def test_fifty_writer_processes_each_command_applied_exactly_once(make_model, ti
 
     def script(control):
         children = [
-            subprocess.Popen([sys.executable, "-c", WRITER, control.fifo, ",".join(words)],
+            subprocess.Popen([sys.executable, str(PROGRAMS / "write_commands.py"), control.fifo, ",".join(words)],
                              stdin=subprocess.PIPE, env=child_env())
             for words in scripts
         ]
@@ -268,7 +260,7 @@ def test_fifo_deleted_or_replaced_under_a_live_fit_is_recreated(make_model, tiny
 KILL_PHASES = ["locked", "recovered", "previous-flushed", "intent-recorded", "staging-created", "model-write",
                "staged-model", "staged-sidecar", "model-renamed", "sidecar-committed", "staging-removed",
                "intent-cleared", "flushed", "uncommitted", "pruned"]
-SAVER_SERVER = REPO / "tests" / "programs" / "saver_server.py"
+SAVER_SERVER = PROGRAMS / "saver_server.py"
 
 
 @pytest.fixture(scope="module")
@@ -592,52 +584,12 @@ def test_a_full_disk_fails_the_save_clearly_and_training_goes_on_then_stops(make
     keras.models.load_model(first.path)
 
 
-FSIZE_CHILD = """
-import json, os, resource, signal, sys, threading, time
-import numpy as np, keras
-from helpers import At, EventLog, build_model, wait_until
-from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.channel import send_command
-from jupyter_traincontrol.commands import Command
-
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death, as for a full disk
-log = EventLog()
-control = ControlCallback(name="fsize", checkpoint_dir=sys.argv[1], verbose=False)
-control.lifecycle.add_listener(log)
-trained_after = []
-
-def script():
-    try:
-        steps()
-    except BaseException:
-        control.lifecycle.channel.inject(Command.ABORT)
-        raise
-
-def steps():
-    send_command(control.fifo, "save")
-    log.wait_count("checkpoint", None, 1)
-    size = os.path.getsize(control.checkpoints[0])
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, resource.RLIM_INFINITY))
-    send_command(control.fifo, "save")
-    log.wait_count("error", None, 1)
-    started = control.lifecycle.step + 8 * control.lifecycle.epoch
-    wait_until(lambda: control.lifecycle.step + 8 * control.lifecycle.epoch > started + 10)
-    trained_after.append(control.state)
-    send_command(control.fifo, "stop")
-
-x = np.random.default_rng(0).random((64, 3), dtype="float32")
-start = lambda cb: threading.Thread(target=script, daemon=True).start()
-build_model().fit(x, x.sum(1, keepdims=True), batch_size=8, epochs=100000, verbose=0, callbacks=[control, At(0, 0, start)])
-resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-print(json.dumps({"state": control.state, "errors": log.messages("error"), "trained_after": trained_after,
-                  "files": sorted(os.listdir(sys.argv[1])), "checkpoints": [str(p) for p in control.checkpoints]}))
-"""
 
 
 def test_a_file_size_limit_fails_the_save_clearly_in_a_real_fit(tmp_path):
     """The same story as with a full disk, portable: RLIMIT_FSIZE in a child."""
     folder = tmp_path / "ck"
-    result = run_python(FSIZE_CHILD.replace("sys.argv[1]", repr(str(folder))), cwd=tmp_path)
+    result = run_program(str(PROGRAMS / "fit_under_file_size_limit.py"), str(folder), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["state"] == "stopped" and report["trained_after"] == ["running"]

@@ -1,0 +1,45 @@
+"""A real fit whose second save hits RLIMIT_FSIZE (as a full disk would).
+
+Usage: python fit_under_file_size_limit.py CHECKPOINT_FOLDER. Prints one JSON
+line: the run's final state, its errors, whether it trained on after the
+failed save, the folder's files and its checkpoints.
+"""
+
+import json, os, resource, signal, sys, threading
+import numpy as np
+from helpers import At, EventLog, build_model, wait_until
+from jupyter_traincontrol import ControlCallback
+from jupyter_traincontrol.channel import send_command
+from jupyter_traincontrol.commands import Command
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death, as for a full disk
+log = EventLog()
+control = ControlCallback(name="fsize", checkpoint_dir=sys.argv[1], verbose=False)
+control.lifecycle.add_listener(log)
+trained_after = []
+
+def script():
+    try:
+        steps()
+    except BaseException:
+        control.lifecycle.channel.inject(Command.ABORT)
+        raise
+
+def steps():
+    send_command(control.fifo, "save")
+    log.wait_count("checkpoint", None, 1)
+    size = os.path.getsize(control.checkpoints[0])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, resource.RLIM_INFINITY))
+    send_command(control.fifo, "save")
+    log.wait_count("error", None, 1)
+    started = control.lifecycle.step + 8 * control.lifecycle.epoch
+    wait_until(lambda: control.lifecycle.step + 8 * control.lifecycle.epoch > started + 10)
+    trained_after.append(control.state)
+    send_command(control.fifo, "stop")
+
+x = np.random.default_rng(0).random((64, 3), dtype="float32")
+start = lambda cb: threading.Thread(target=script, daemon=True).start()
+build_model().fit(x, x.sum(1, keepdims=True), batch_size=8, epochs=100000, verbose=0, callbacks=[control, At(0, 0, start)])
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(json.dumps({"state": control.state, "errors": log.messages("error"), "trained_after": trained_after,
+                  "files": sorted(os.listdir(sys.argv[1])), "checkpoints": [str(p) for p in control.checkpoints]}))

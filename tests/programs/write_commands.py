@@ -1,0 +1,11 @@
+"""Writes commands to a run's FIFO once told to go (a line on stdin).
+
+Usage: python write_commands.py FIFO WORD,WORD,...
+"""
+
+import sys
+from jupyter_traincontrol.channel import send_command
+fifo, words = sys.argv[1], sys.argv[2].split(",")
+sys.stdin.readline()  # the start signal: all writers go at once
+for word in words:
+    send_command(fifo, word)
