@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO, child_env
 
 
-@pytest.mark.parametrize("script", ["overhead", "latency", "checkpoint_cost"])
+@pytest.mark.parametrize("script", ["overhead", "latency", "checkpoint_cost", "rest_api"])
 def test_benchmark_quick_run_prints_its_summary(script, tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--quick", "--dir", str(tmp_path)],
