@@ -417,3 +417,16 @@ def test_plain_ipython_terminal_gets_a_text_summary(tmp_path, runtime_dir):
     assert "[traincontrol] term: finished" in result.stdout
     assert "'finished'" in result.stdout
     assert "dict_keys(['text/plain'])" in result.stdout
+
+
+def test_loading_the_extension_does_not_import_keras():
+    """``%load_ext`` is instant: Keras (and TensorFlow) load with the first run."""
+    code = (
+        "import sys; from IPython.testing.globalipapp import start_ipython; shell = start_ipython();"
+        "shell.run_line_magic('load_ext', 'jupyter_traincontrol');"
+        "assert 'interruptible_fit' in shell.magics_manager.magics['cell'];"
+        "print(sorted(m for m in ('keras', 'tensorflow', 'jax', 'torch') if m in sys.modules))"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
