@@ -41,8 +41,8 @@ from jupyter_traincontrol.registry import (
     RunFolder,
     list_runs,
     registry_root,
-    validate_record,
 )
+from jupyter_traincontrol.run_record import validate_record
 
 BATCH = 8
 
