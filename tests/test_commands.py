@@ -3,6 +3,8 @@
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jupyter_traincontrol.commands import (
     ACTIVE_STATES,
@@ -140,3 +142,14 @@ def test_one_help_table_and_states_that_say_what_applies():
     assert allowed_commands(RunState.PAUSED) == (Command.SAVE, Command.STOP, Command.ABORT, Command.RESUME)
     assert allowed_commands("stopping") == (Command.ABORT,)  # a second interrupt while stopping aborts
     assert allowed_commands("finished") == () and allowed_commands("no such state") == ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=20), st.lists(st.sampled_from(COMMAND_NAMES), max_size=5))
+def test_any_bytes_in_any_chunks_never_raise_and_whole_commands_after_them_arrive(chunks, words):
+    decoder = LineDecoder()
+    results = [result for chunk in chunks for result in decoder.feed(chunk)]
+    results += decoder.feed(b"\n" + b"".join(f"{word}\n".encode() for word in words))
+    assert all(isinstance(result, (Request, Rejected)) for result in results)
+    tail = [r.command.value for r in results[len(results) - len(words):]] if words else []
+    assert tail == list(words)
