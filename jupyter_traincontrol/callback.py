@@ -69,6 +69,12 @@ class ControlCallback(keras.callbacks.Callback):
             cell). The callback then neither opens nor closes it.
         channel_kind: ``"fifo"`` or ``"spool"``. Defaults to ``"fifo"``
             where the platform has FIFOs.
+        save_in_background: Hold training only while the variables are
+            copied to host memory, and write ``save`` checkpoints on a
+            writer thread (one at a time; saves asked for meanwhile are
+            merged into the next). Costs one host copy of the model's and
+            optimizer's variables while a write is in flight. False: write
+            on the training thread (no copy). Defaults to True.
 
     Example:
 
@@ -89,11 +95,13 @@ class ControlCallback(keras.callbacks.Callback):
         verbose: bool = True,
         lifecycle: RunLifecycle | None = None,
         channel_kind: str | None = None,
+        save_in_background: bool = True,
     ):
         super().__init__()
         self.resume = bool(resume)
         self.handle_sigint = handle_sigint
         self.verbose = verbose
+        self.save_in_background = bool(save_in_background)
         self._owns_lifecycle = lifecycle is None
         self.lifecycle = lifecycle or RunLifecycle(name, checkpoint_dir, keep, channel_kind=channel_kind)
         self._lock = threading.RLock()
@@ -160,7 +168,8 @@ class ControlCallback(keras.callbacks.Callback):
             elif not lifecycle.is_open:
                 raise RuntimeError(f"The RunLifecycle given for run {lifecycle.name!r} is not open.")
             self._in_fit = True
-            self._actions = CommandActions(self.model, lifecycle, self._progress, self._say)
+            self._actions = CommandActions(self.model, lifecycle, self._progress, self._say,
+                                           save_in_background=self.save_in_background)
             lifecycle.epochs = self.params.get("epochs")
             lifecycle.steps = self.params.get("steps")
             self._watchdog = FitWatchdog(self.model, self._on_fit_lost)

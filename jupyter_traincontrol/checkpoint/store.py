@@ -127,7 +127,9 @@ class CheckpointStore(CheckpointFolder):
             ``staged-model``, ``staged-sidecar``, ``model-renamed``,
             ``sidecar-committed``, ``staging-removed``, ``intent-cleared``,
             ``flushed``, ``uncommitted``, ``pruned`` (some only when they
-            happen). For tests and tracing; an exception it raises fails the
+            happen); a `CheckpointWriter` adds ``writer-started`` and
+            ``writer-done`` around a background save. Called on the thread
+            that saves. For tests and tracing; an exception it raises fails the
             save like any other.
     """
 
