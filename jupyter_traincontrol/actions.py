@@ -52,6 +52,17 @@ class FitProgress:
         self.boundary = 0
         self.mid_epoch = False
         self.stopped_mid_epoch = False
+        self.random_at_epoch_start: dict | None = None  # `random_state.capture_epoch_start` of `epoch`
+
+    def resume_state(self, model) -> Callable[[TrainingPosition], dict]:
+        """What a checkpoint at a position keeps for an exact resume (`random_state`)."""
+        from . import random_state
+
+        def capture(position: TrainingPosition) -> dict:
+            started = self.random_at_epoch_start if position.resume_epoch == self.epoch else None
+            return random_state.capture(model, position.resume_epoch, started)
+
+        return capture
 
     def position(self, model, steps_per_epoch: int | None) -> TrainingPosition:
         """The position a checkpoint taken now records."""
@@ -90,7 +101,8 @@ class CommandActions:
         self._say = say
         self._channel = lifecycle.channel
         self.saves = BackgroundSaves(model, lifecycle, lambda: progress.position(model, lifecycle.steps),
-                                     lambda: progress.boundary, say, background=save_in_background)
+                                     lambda: progress.boundary, say, background=save_in_background,
+                                     resume_state=progress.resume_state(model))
         self._actions: dict[Command, Callable[[Request], Outcome | None]] = {
             Command.SAVE: self._save,
             Command.STOP: self._stop,

@@ -49,15 +49,19 @@ class BackgroundSaves:
         say: Prints one line for the user.
         background: Write ``save`` checkpoints on a writer thread. Defaults
             to True.
+        resume_state: Returns the sidecar's ``resume_state`` for a
+            checkpoint at a position (called on the training thread).
     """
 
     def __init__(self, model, lifecycle: RunLifecycle, position: Callable[[], TrainingPosition],
-                 boundary: Callable[[], int], say: Callable[..., None], background: bool = True):
+                 boundary: Callable[[], int], say: Callable[..., None], background: bool = True,
+                 resume_state: Callable[[TrainingPosition], dict] | None = None):
         self.model = model
         self.lifecycle = lifecycle
         self.background = background
         self._position = position
         self._boundary = boundary
+        self._resume_state = resume_state or (lambda _position: None)
         self._taken_at: int | None = None  # the boundary of the last checkpoint taken
         self._last_outcome: Outcome | None = None  # and its outcome, once written
         self._say = say
@@ -101,6 +105,7 @@ class BackgroundSaves:
             requests, self._waiting, self.due = self._waiting, [], False
         if not requests:
             return
+        sync_model_state(self.model)  # JAX: the variables (and optimizer.iterations) of this boundary
         position = self._position()
         self._taken_at, self._last_outcome = self._boundary(), None
         if not self.background:
@@ -114,7 +119,7 @@ class BackgroundSaves:
             self._answer(requests, *self._last_outcome)
             return
         self._in_flight = requests
-        self._writer.submit(snapshot, position, "save", self.lifecycle.metrics, self._written)
+        self._writer.submit(snapshot, position, "save", self.lifecycle.metrics, self._written, self._resume_state(position))
 
     def write_now(self, reason: str) -> Outcome:
         """A checkpoint of this boundary, on disk when this returns (for
@@ -123,6 +128,7 @@ class BackgroundSaves:
         with self._lock:
             requests, self._waiting, self.due = self._waiting, [], False
         self._taken_at, self._last_outcome = self._boundary(), None
+        sync_model_state(self.model)
         outcome = self._last_outcome = self._write_here(self._position(), reason)
         self._answer(requests, *outcome)
         return outcome
@@ -137,6 +143,7 @@ class BackgroundSaves:
         if not requests:
             return
         if threading.get_ident() == self._owner:
+            sync_model_state(self.model)
             self._answer(requests, *self._write_here(self._position(), "save"))
         else:
             self._answer(requests, "failed", "the run ended before this save could be written")
@@ -148,11 +155,12 @@ class BackgroundSaves:
         sync_model_state(self.model)
         lifecycle = self.lifecycle
         try:
+            resume_state = self._resume_state(position)
             if self.background:  # flushing and pruning happen off the training thread
-                checkpoint = self._writer.write(self.model, position, reason, lifecycle.metrics)
+                checkpoint = self._writer.write(self.model, position, reason, lifecycle.metrics, resume_state)
             else:
                 checkpoint = lifecycle.store.save(self.model, position, reason=reason, metrics=lifecycle.metrics,
-                                                  run=lifecycle.name)
+                                                  run=lifecycle.name, resume_state=resume_state)
         except CheckpointError as error:
             return self._failed(error)
         return self._committed(checkpoint, position)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import keras
 
+from . import random_state
 from .actions import CommandActions, FitProgress
 from .checkpoint import SkippedCheckpoint
 from .commands import Command, Request, RunState
@@ -196,6 +197,7 @@ class ControlCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         progress = self._progress
         progress.epoch, progress.step, progress.stopped_mid_epoch = epoch, 0, False
+        progress.random_at_epoch_start = random_state.capture_epoch_start()  # what orders this epoch's data
         lifecycle = self.lifecycle
         lifecycle.epoch = epoch + 1
         lifecycle.step = 0

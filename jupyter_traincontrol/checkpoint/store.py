@@ -207,6 +207,7 @@ class CheckpointStore(CheckpointFolder):
         reason: str,
         metrics: Mapping[str, Any] | None = None,
         run: str | None = None,
+        resume_state: Mapping[str, Any] | None = None,
     ) -> Checkpoint:
         """Writes a checkpoint atomically and prunes this run's old ones.
 
@@ -223,6 +224,8 @@ class CheckpointStore(CheckpointFolder):
             metrics: The latest metrics, stored in the sidecar (non-finite
                 values as null).
             run: The run's name; if given, it must be the store's `run`.
+            resume_state: What an exact resume needs besides the weights
+                (`random_state.capture`), kept in the sidecar.
 
         Returns:
             The new checkpoint.
@@ -239,11 +242,11 @@ class CheckpointStore(CheckpointFolder):
         if run is not None and run != self.run:
             raise ValueError(f"save(run={run!r}) on the store of run {self.run!r}; expected {self.run!r} or None.")
         if self.held:
-            return self._save(model, position, reason, metrics)
+            return self._save(model, position, reason, metrics, resume_state)
         with self:
-            return self._save(model, position, reason, metrics)
+            return self._save(model, position, reason, metrics, resume_state)
 
-    def _save(self, model, position: TrainingPosition, reason: str, metrics) -> Checkpoint:
+    def _save(self, model, position: TrainingPosition, reason: str, metrics, resume_state=None) -> Checkpoint:
         self._check_folder()
         try:
             scan = self._scan_fd(self._dir_fd)
@@ -251,6 +254,8 @@ class CheckpointStore(CheckpointFolder):
             self._flush_previous(previous)
             sequence, stem = self._free_name(scan.top_sequence, position)
             info = self._sidecar(sequence, f"{stem}.keras", position, reason, metrics)
+            if resume_state is not None:
+                info["resume_state"] = json_safe(dict(resume_state))
             self._write_staged(model, info)
         except CheckpointDirError:
             raise

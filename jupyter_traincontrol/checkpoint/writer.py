@@ -70,6 +70,7 @@ class CheckpointWriter:
         reason: str,
         metrics: Mapping[str, Any] | None,
         on_done: OnDone,
+        resume_state: Mapping[str, Any] | None = None,
     ) -> None:
         """Starts writing `source` (anything with ``save(path)``) as a checkpoint.
 
@@ -81,6 +82,7 @@ class CheckpointWriter:
             metrics: The metrics for the sidecar.
             on_done: Called on the writer thread when the write ends,
                 before the writer counts as idle.
+            resume_state: For the sidecar (see `CheckpointStore.save`).
 
         Raises:
             WriterBusyError: If a write is in flight.
@@ -89,12 +91,12 @@ class CheckpointWriter:
             raise WriterBusyError(f"A checkpoint of run {self.name!r} is being written; expected an idle writer.")
         self._idle.clear()
         self._thread = threading.Thread(
-            target=self._write, args=(source, position, reason, dict(metrics or {}), on_done),
+            target=self._write, args=(source, position, reason, dict(metrics or {}), on_done, resume_state),
             name=f"traincontrol-writer-{self.name}", daemon=True,
         )
         self._thread.start()
 
-    def write(self, source: Any, position: TrainingPosition, reason: str, metrics) -> Checkpoint:
+    def write(self, source: Any, position: TrainingPosition, reason: str, metrics, resume_state=None) -> Checkpoint:
         """Writes on the writer thread and waits for it (after any write in flight).
 
         Returns:
@@ -105,7 +107,8 @@ class CheckpointWriter:
         """
         self.wait()
         result: dict[str, Any] = {}
-        self.submit(source, position, reason, metrics, lambda checkpoint, error: result.update(c=checkpoint, e=error))
+        self.submit(source, position, reason, metrics, lambda checkpoint, error: result.update(c=checkpoint, e=error),
+                    resume_state)
         self.wait()
         if result.get("e") is not None:
             raise result["e"]
@@ -120,11 +123,11 @@ class CheckpointWriter:
             thread.join(timeout)
         return True
 
-    def _write(self, source, position, reason, metrics, on_done: OnDone) -> None:
+    def _write(self, source, position, reason, metrics, on_done: OnDone, resume_state=None) -> None:
         checkpoint, failure = None, None
         try:
             self.store._phase("writer-started")
-            checkpoint = self.store.save(source, position, reason=reason, metrics=metrics)
+            checkpoint = self.store.save(source, position, reason=reason, metrics=metrics, resume_state=resume_state)
         except Exception as error:  # reported through on_done, never lost on this thread
             failure = error if isinstance(error, CheckpointError) else CheckpointError(
                 f"Could not write a checkpoint in {self.store.directory}: {type(error).__name__}: {error}"
