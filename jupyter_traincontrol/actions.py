@@ -8,17 +8,19 @@ the thread until ``resume``, ``stop`` or ``abort``. Each request is then
 acknowledged in the run's record with its outcome (``applied``,
 ``ignored`` or ``failed``), and the record is published once for all the
 requests of a boundary. Saves asked for at one boundary are one checkpoint:
-a burst of them costs training one save.
+a burst of them costs training one save. Checkpoints are written by
+`BackgroundSaves` (a snapshot at the boundary, the file on a writer
+thread; a ``save`` is acknowledged once its checkpoint is committed).
 
 `FitProgress` says where `fit` is; `ControlCallback` keeps it up to date.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Callable
 
-from .checkpoint import CheckpointError, TrainingPosition
+from .background_saves import BackgroundSaves
+from .checkpoint import TrainingPosition
 from .commands import Command, Request, RunState
 from .lifecycle import RunLifecycle
 from .resume import optimizer_step
@@ -49,6 +51,17 @@ class FitProgress:
         self.boundary = 0
         self.mid_epoch = False
         self.stopped_mid_epoch = False
+        self.random_at_epoch_start: dict | None = None  # `random_state.capture_epoch_start` of `epoch`
+
+    def resume_state(self, model) -> Callable[[TrainingPosition], dict]:
+        """What a checkpoint at a position keeps for an exact resume (`random_state`)."""
+        from . import random_state
+
+        def capture(position: TrainingPosition) -> dict:
+            started = self.random_at_epoch_start if position.resume_epoch == self.epoch else None
+            return random_state.capture(model, position.resume_epoch, started)
+
+        return capture
 
     def position(self, model, steps_per_epoch: int | None) -> TrainingPosition:
         """The position a checkpoint taken now records."""
@@ -73,9 +86,12 @@ class CommandActions:
         lifecycle: The run (its channel, store, state and record).
         progress: Where `fit` stands.
         say: Prints one line for the user (or not, when quiet).
+        save_in_background: Write ``save`` checkpoints on a writer thread
+            from a host copy of the variables. Defaults to True.
     """
 
-    def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None]):
+    def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None],
+                 save_in_background: bool = True):
         self.model = model
         self.lifecycle = lifecycle
         self.progress = progress
@@ -83,7 +99,9 @@ class CommandActions:
         self.interrupted = False
         self._say = say
         self._channel = lifecycle.channel
-        self._last_save: tuple[int, str] | None = None  # (boundary, what that save wrote)
+        self.saves = BackgroundSaves(model, lifecycle, lambda: progress.position(model, lifecycle.steps),
+                                     lambda: progress.boundary, say, background=save_in_background,
+                                     resume_state=progress.resume_state(model))
         self._actions: dict[Command, Callable[[Request], Outcome | None]] = {
             Command.SAVE: self._save,
             Command.STOP: self._stop,
@@ -94,13 +112,15 @@ class CommandActions:
 
     @property
     def pending(self) -> bool:
-        """True when a command waits (cheap: one queue check)."""
+        """True when a command waits, or saves wait for a free writer (cheap)."""
         channel = self._channel
-        return channel is not None and channel.pending
+        return channel is not None and (channel.pending or (self.saves.due and self.saves.ready))
 
     def detach(self) -> None:
-        """Stops taking commands (the run has ended); a held pause lets go."""
+        """Stops taking commands (the run has ended); a held pause lets go.
+        Waits for the checkpoint being written."""
         self._channel = None
+        self.saves.close()
 
     def apply_pending(self, mid_epoch: bool) -> None:
         """Applies every waiting request, then publishes the record once."""
@@ -110,6 +130,7 @@ class CommandActions:
         channel = self._channel
         while (request := channel.pop()) is not None:
             self._apply(request)
+        self.saves.start_due()
         self.lifecycle.publish(force=True)  # senders see their acks now
 
     def _apply(self, request: Request) -> None:
@@ -124,12 +145,8 @@ class CommandActions:
 
     # The commands ----------------------------------------------------------
 
-    def _save(self, _request: Request) -> Outcome:
-        if self._last_save is not None and self._last_save[0] == self.progress.boundary:
-            message = f"merged with the save just taken (no batch trained since): {self._last_save[1]}"
-            self.lifecycle.log("info", message[0].upper() + message[1:])
-            return "applied", message
-        return self._checkpoint("save")
+    def _save(self, request: Request) -> None:
+        self.saves.request(request)  # acknowledged once its checkpoint is committed
 
     def _stop(self, _request: Request) -> Outcome:
         if self.ended_by is not None:
@@ -153,6 +170,7 @@ class CommandActions:
         lifecycle.publish(force=True)
         while (channel := self._channel) is not None:  # None once the run was ended meanwhile
             request = channel.get(_PAUSE_POLL_SECONDS)
+            self.saves.start_due()  # saves that waited for the writer
             if request is None:
                 continue
             if request.command is Command.RESUME:
@@ -164,6 +182,7 @@ class CommandActions:
                 lifecycle.acknowledge(request, *self._ignored("Already paused; 'pause' ignored."))
             else:
                 self._apply(request)
+                self.saves.start_due()
             lifecycle.publish(force=True)  # the sender sees its ack now
             if self.ended_by is not None:
                 return
@@ -177,19 +196,6 @@ class CommandActions:
         self.lifecycle.set_state(RunState.STOPPING)
 
     def _checkpoint(self, reason: str) -> Outcome:
-        """Writes a checkpoint; says what it wrote, or why it could not."""
-        lifecycle = self.lifecycle
-        position = self.progress.position(self.model, lifecycle.steps)
-        try:
-            checkpoint = lifecycle.store.save(
-                self.model, position, reason=reason, metrics=lifecycle.metrics, run=lifecycle.name
-            )
-        except CheckpointError as error:
-            lifecycle.log("error", str(error))
-            self._say(str(error), stream=sys.stderr)
-            return "failed", str(error)
-        lifecycle.global_step = position.global_step
-        lifecycle.add_checkpoint(checkpoint)
-        self._last_save = (self.progress.boundary, str(checkpoint.path))
-        self._say(f"Checkpoint ({reason}) written: {checkpoint.path}")
-        return "applied", f"checkpoint written: {checkpoint.path}"
+        """Writes a checkpoint of this boundary, on disk when this returns;
+        says what it wrote, or why it could not."""
+        return self.saves.write_now(reason)

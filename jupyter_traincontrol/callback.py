@@ -29,6 +29,7 @@ from pathlib import Path
 
 import keras
 
+from . import random_state
 from .actions import CommandActions, FitProgress
 from .checkpoint import SkippedCheckpoint
 from .commands import Command, Request, RunState
@@ -69,6 +70,12 @@ class ControlCallback(keras.callbacks.Callback):
             cell). The callback then neither opens nor closes it.
         channel_kind: ``"fifo"`` or ``"spool"``. Defaults to ``"fifo"``
             where the platform has FIFOs.
+        save_in_background: Hold training only while the variables are
+            copied to host memory, and write ``save`` checkpoints on a
+            writer thread (one at a time; saves asked for meanwhile are
+            merged into the next). Costs one host copy of the model's and
+            optimizer's variables while a write is in flight. False: write
+            on the training thread (no copy). Defaults to True.
 
     Example:
 
@@ -89,11 +96,13 @@ class ControlCallback(keras.callbacks.Callback):
         verbose: bool = True,
         lifecycle: RunLifecycle | None = None,
         channel_kind: str | None = None,
+        save_in_background: bool = True,
     ):
         super().__init__()
         self.resume = bool(resume)
         self.handle_sigint = handle_sigint
         self.verbose = verbose
+        self.save_in_background = bool(save_in_background)
         self._owns_lifecycle = lifecycle is None
         self.lifecycle = lifecycle or RunLifecycle(name, checkpoint_dir, keep, channel_kind=channel_kind)
         self._lock = threading.RLock()
@@ -159,7 +168,8 @@ class ControlCallback(keras.callbacks.Callback):
             elif not lifecycle.is_open:
                 raise RuntimeError(f"The RunLifecycle given for run {lifecycle.name!r} is not open.")
             self._in_fit = True
-            self._actions = CommandActions(self.model, lifecycle, self._progress, self._say)
+            self._actions = CommandActions(self.model, lifecycle, self._progress, self._say,
+                                           save_in_background=self.save_in_background)
             lifecycle.epochs = self.params.get("epochs")
             lifecycle.steps = self.params.get("steps")
             self._watchdog = FitWatchdog(self.model, self._on_fit_lost)
@@ -186,6 +196,7 @@ class ControlCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         progress = self._progress
         progress.epoch, progress.step, progress.stopped_mid_epoch = epoch, 0, False
+        progress.random_at_epoch_start = random_state.capture_epoch_start()  # what orders this epoch's data
         lifecycle = self.lifecycle
         lifecycle.epoch = epoch + 1
         lifecycle.step = 0

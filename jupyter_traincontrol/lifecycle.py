@@ -269,13 +269,14 @@ class RunLifecycle:
         """
         if request.request_id is None:
             return
-        last = self.acks[-1] if self.acks else None
-        if last is not None and (last["command"], last["outcome"], last["message"]) == (str(request), outcome, message):
-            last["ids"].append(request.request_id)
-        else:
-            self.acks.append(
-                {"ids": [request.request_id], "command": str(request), "outcome": outcome, "message": message, "time": time.time()}
-            )
+        with self._state_lock:  # the checkpoint writer's thread acknowledges saves too
+            last = self.acks[-1] if self.acks else None
+            if last is not None and (last["command"], last["outcome"], last["message"]) == (str(request), outcome, message):
+                last["ids"].append(request.request_id)
+            else:
+                self.acks.append(
+                    {"ids": [request.request_id], "command": str(request), "outcome": outcome, "message": message, "time": time.time()}
+                )
         self.touch()
 
     def add_listener(self, listener: Listener) -> None:

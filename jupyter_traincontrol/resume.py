@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
+from . import random_state
 from .checkpoint import CheckpointStore, SkippedCheckpoint
 
 __all__ = ["BatchSkipper", "Resumption", "can_skip_batches", "optimizer_step", "resume_from_latest"]
@@ -42,9 +43,12 @@ class BatchSkipper:
         logs: The logs to report for skipped batches (the checkpoint's
             metrics).
         backend: The Keras backend name.
+        on_done: Called once the last batch to skip was drawn, before the
+            first batch that trains.
     """
 
-    def __init__(self, model, batches: int, logs: Mapping[str, Any], backend: str):
+    def __init__(self, model, batches: int, logs: Mapping[str, Any], backend: str,
+                 on_done: Callable[[], None] | None = None):
         if not can_skip_batches(backend):
             raise ValueError(f"Cannot skip batches on backend {backend!r}; expected one of {_SUPPORTED_BACKENDS}.")
         self._model = model
@@ -53,6 +57,7 @@ class BatchSkipper:
         self._logs = dict(logs)
         self._backend = backend
         self._original = None
+        self._on_done = on_done
 
     @property
     def active(self) -> bool:
@@ -76,6 +81,8 @@ class BatchSkipper:
         self._calls_left -= 1
         if self._calls_left <= 0:
             self.uninstall()
+            if self._on_done is not None:
+                self._on_done()
         if self._backend == "tensorflow":
             (iterator,) = args
             _draw(iterator, self._per_call)
@@ -169,13 +176,17 @@ def resume_from_latest(
 
         backend = keras.backend.backend()
         if can_skip_batches(backend):
-            resumption._skipper = BatchSkipper(model, position.resume_step, latest.info.get("metrics", {}), backend)
+            saved_random = latest.info.get("resume_state")
+            resumption._skipper = BatchSkipper(model, position.resume_step, latest.info.get("metrics", {}), backend,
+                                               on_done=lambda: random_state.restore_now(saved_random))
             resumption._skipper.install()
             skipped = f", skipping its first {position.resume_step} batches (already trained)"
         else:
             skipped = f"; backend {backend!r} repeats its first {position.resume_step} batches"
+    inexact = random_state.restore(model, latest.info.get("resume_state"), position.resume_epoch)
     resumption.message = (
         f"Resumed from {latest.path}: epoch {position.resume_epoch + 1}{skipped}; "
-        f"optimizer step {optimizer_step(model)}."
+        f"optimizer step {optimizer_step(model)}"
+        + (f". Not exact: {inexact}." if inexact else "; random state restored.")
     )
     return resumption

@@ -3,8 +3,12 @@
 - `records`: what a checkpoint is in memory (`Checkpoint`, `TrainingPosition`)
   and the store's errors.
 - `sidecar`: the sidecar's format and its strict reader of outside data.
+- `folder`: holding the folder (its OS lock, the intent record, recovery).
 - `store`: `CheckpointStore`, which writes, lists, prunes and restores the
   checkpoints of one run in one folder, holding that folder while it lives.
+- `snapshot`: `ModelSnapshot`, a host copy of what ``model.save`` writes,
+  written as a ``.keras`` file later, on any thread.
+- `writer`: `CheckpointWriter`, one background write at a time.
 """
 
 from .records import (
@@ -19,7 +23,9 @@ from .records import (
     TrainingPosition,
 )
 from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, parse_sidecar, read_sidecar
+from .snapshot import ModelSnapshot, sync_model_state
 from .store import LOCK_FILE, CheckpointStore, restore_weights
+from .writer import CheckpointWriter, WriterBusyError
 
 __all__ = [
     "Checkpoint",
@@ -28,9 +34,11 @@ __all__ = [
     "CheckpointDirError",
     "CheckpointError",
     "CheckpointStore",
+    "CheckpointWriter",
     "DEFAULT_RUN",
     "LOCK_FILE",
     "MalformedSidecarError",
+    "ModelSnapshot",
     "Restored",
     "SIDECAR_FORMAT",
     "SkippedCheckpoint",
@@ -39,4 +47,6 @@ __all__ = [
     "parse_sidecar",
     "read_sidecar",
     "restore_weights",
+    "sync_model_state",
+    "WriterBusyError",
 ]

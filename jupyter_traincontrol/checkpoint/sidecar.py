@@ -122,6 +122,15 @@ _FIELDS = {
     "reason": _text(64),
     "time": _text(64),
 }
+def _object(value):
+    if not isinstance(value, dict):
+        raise ValueError(f"{_shown(value)}; expected a JSON object")
+    return value
+
+
+#: Fields a sidecar may have (checked when present): ``resume_state``, the
+#: random state of `random_state` (version 1), written since 0.2.
+_OPTIONAL_FIELDS = {"resume_state": _object}
 _FIELDS_BY_FORMAT = {
     1: {**_FIELDS, "format": _exactly(1), "run": _optional(_RUN_NAME)},
     2: {**_FIELDS, "format": _exactly(2), "tool": _exactly(TOOL), "run": _RUN_NAME, "run_id": _run_id},
@@ -167,6 +176,12 @@ def parse_sidecar(data: bytes, name: str) -> dict[str, Any]:
             checked[field] = check(info[field])
         except ValueError as error:
             raise MalformedSidecarError(f"{name}: {field!r} is {error}.") from None
+    for field, check in _OPTIONAL_FIELDS.items():
+        if field in info:
+            try:
+                checked[field] = check(info[field])
+            except ValueError as error:
+                raise MalformedSidecarError(f"{name}: {field!r} is {error}.") from None
     expected_file = name[: -len(".json")] + ".keras" if name.endswith(".json") else None
     if checked["file"] != expected_file:
         raise MalformedSidecarError(f"{name}: 'file' is {checked['file']!r}; expected {expected_file!r}.")

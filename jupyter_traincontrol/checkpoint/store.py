@@ -58,25 +58,20 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import errno
-import fcntl
 import json
 import logging
 import math
 import os
 import re
 import stat
-import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..private_fs import UnsafePathError, ensure_private_dir, json_safe, make_private_dirs
+from ..private_fs import json_safe
 
+from .folder import LOCK_FILE, STAGING_PREFIX, CheckpointFolder, _kind, _lexists
 from .records import (
     Checkpoint,
-    CheckpointDirBusyError,
-    CheckpointDirChangedError,
     CheckpointDirError,
     CheckpointError,
     MalformedSidecarError,
@@ -84,18 +79,14 @@ from .records import (
     SkippedCheckpoint,
     TrainingPosition,
 )
-from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, check_run_name, read_sidecar
+from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, read_sidecar
 
 __all__ = ["CheckpointStore", "LOCK_FILE", "restore_weights"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
-#: The lock file of a checkpoint folder (never removed: see `CheckpointStore.release`).
-LOCK_FILE = ".traincontrol.lock"
-_STAGING_PREFIX = ".partial-"
 _STAGED_MODEL = "model.keras"
 _STAGED_SIDECAR = "info.json"
-_LOCK_RECORD_BYTES = 4096  # one page: a record is written with one pwrite, whole or not at all
 #: Names the store writes, used only to avoid reusing a number and to say
 #: which broken sidecar a resume skipped; never to decide what is ours.
 _OUR_NAME = re.compile(r"^ckpt-(?P<seq>\d{6,})-epoch\d+-step\d+\.(?:keras|json)$")
@@ -116,7 +107,7 @@ class _Scan:
     top_sequence: int  # the largest number in use, by a sidecar or a name
 
 
-class CheckpointStore:
+class CheckpointStore(CheckpointFolder):
     """The checkpoints of one run, in one folder.
 
     Args:
@@ -136,7 +127,9 @@ class CheckpointStore:
             ``staged-model``, ``staged-sidecar``, ``model-renamed``,
             ``sidecar-committed``, ``staging-removed``, ``intent-cleared``,
             ``flushed``, ``uncommitted``, ``pruned`` (some only when they
-            happen). For tests and tracing; an exception it raises fails the
+            happen); a `CheckpointWriter` adds ``writer-started`` and
+            ``writer-done`` around a background save. Called on the thread
+            that saves. For tests and tracing; an exception it raises fails the
             save like any other.
     """
 
@@ -151,222 +144,9 @@ class CheckpointStore:
     ):
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ValueError(f"keep must be a whole number of at least 1, got {keep!r}.")
-        if run is not None:
-            try:
-                check_run_name(run)
-            except ValueError as error:
-                raise ValueError(f"run is {error}.") from None
-        self.directory = Path(directory).absolute()
+        super().__init__(directory, run=run, private=private, on_phase=on_phase)
         self.keep = keep
-        self.run = DEFAULT_RUN if run is None else run
-        self.run_id = uuid.uuid4().hex
-        self.private = bool(private)
-        self._on_phase = on_phase
         self._flushed: set[int] = set()  # sequences this store flushed to disk
-        self._dir_fd: int | None = None
-        self._lock_fd: int | None = None
-        self._identity: tuple[int, int] | None = None
-        self._pending: dict[str, Any] | None = None
-
-    # Holding the folder -------------------------------------------------------
-
-    @property
-    def held(self) -> bool:
-        """True between `acquire` and `release`."""
-        return self._lock_fd is not None
-
-    def acquire(self) -> "CheckpointStore":
-        """Takes the folder: checks it, creates it if missing, locks it.
-
-        Also removes what a save killed in an earlier process left (as
-        recorded in the lock file). Idempotent.
-
-        Returns:
-            self.
-
-        Raises:
-            CheckpointDirError: If the folder is a file, a dangling symlink,
-                unwritable, or (with ``private``) not a private folder of the
-                current user. The message names the path.
-            CheckpointDirBusyError: If another live run holds the folder; the
-                message names it and its process.
-        """
-        if self.held:
-            return self
-        dir_fd = self._open_folder()
-        try:
-            lock_fd, previous = self._lock(dir_fd)
-        except BaseException:
-            os.close(dir_fd)
-            raise
-        self._dir_fd, self._lock_fd = dir_fd, lock_fd
-        self._identity = _identity(os.fstat(dir_fd))
-        pending = previous.get("pending")
-        self._pending = pending if isinstance(pending, dict) else None  # kept until recovered
-        try:
-            self._write_lock_record()
-            self._phase("locked")
-            self._recover()
-        except OSError as error:
-            self.release()
-            raise CheckpointDirError(f"Could not take checkpoint folder {self.directory}: {error.strerror or error}.") from error
-        return self
-
-    def release(self) -> None:
-        """Lets the folder go (the lock file stays, marked free). Idempotent."""
-        lock_fd, dir_fd = self._lock_fd, self._dir_fd
-        self._lock_fd = self._dir_fd = self._identity = None
-        if lock_fd is None:
-            return
-        try:
-            _write_record(lock_fd, {"tool": TOOL, "holder": None})
-        except OSError as error:
-            logger.warning("Could not mark %s free: %s", self.directory / LOCK_FILE, error)
-        finally:
-            os.close(lock_fd)  # drops the flock
-            os.close(dir_fd)
-
-    def __enter__(self) -> "CheckpointStore":
-        return self.acquire()
-
-    def __exit__(self, *exc_info) -> None:
-        self.release()
-
-    def _open_folder(self) -> int:
-        """Creates or checks the folder; returns a descriptor of it."""
-        path = self.directory
-        try:
-            if self.private:
-                ensure_private_dir(path.parent)
-                ensure_private_dir(path)
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                if _identity(os.fstat(fd)) != _identity(os.lstat(path)):
-                    os.close(fd)
-                    raise UnsafePathError(f"Refusing {path}: it was replaced while being opened.")
-                return fd
-            if os.path.islink(path) and not os.path.exists(path):
-                raise CheckpointDirError(
-                    f"Checkpoint folder {path} is a symlink to {os.readlink(path)!r}, which does not exist; "
-                    f"expected a folder (or a link to one)."
-                )
-            if not os.path.lexists(path):
-                make_private_dirs(path)
-            st = os.stat(path)
-            if not stat.S_ISDIR(st.st_mode):
-                raise CheckpointDirError(
-                    f"Checkpoint folder {path} is {_kind(st)}; expected a folder (created if missing)."
-                )
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise CheckpointDirError(f"Checkpoint folder {path} is not writable by this user; expected a folder it can write.")
-            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except UnsafePathError as error:
-            raise CheckpointDirError(f"Checkpoint folder {path} is unsafe: {error}") from error
-        except CheckpointDirError:
-            raise
-        except OSError as error:
-            raise CheckpointDirError(f"Could not use checkpoint folder {path}: {error.strerror or error}.") from error
-
-    def _lock(self, dir_fd: int) -> tuple[int, dict]:
-        """Opens and flocks the lock file; returns it and its previous record."""
-        lock_path = self.directory / LOCK_FILE
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as error:
-            if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                raise CheckpointDirError(
-                    f"Checkpoint folder {self.directory} is not writable: {error.strerror}; expected a folder this user can write."
-                ) from error
-            raise CheckpointDirError(f"Could not open {lock_path}: {error.strerror}; expected a regular file of ours.") from error
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CheckpointDirError(f"{lock_path} is not a regular file; expected the folder's lock file.")
-            if _identity(os.fstat(fd)) != _identity(os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)):
-                raise CheckpointDirChangedError(f"{self.directory} was replaced while being opened; expected one folder.")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_record(fd).get("holder") or {}
-                raise CheckpointDirBusyError(
-                    f"Checkpoint folder {self.directory} is in use by run {holder.get('run', '?')!r} "
-                    f"(pid {holder.get('pid', '?')}); expected a folder no live run holds. Give this run its own "
-                    f"checkpoint_dir, or end that run first."
-                ) from None
-            return fd, _read_record(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def _write_lock_record(self) -> None:
-        holder = {"run": self.run, "run_id": self.run_id, "pid": os.getpid(), "since": time.time()}
-        _write_record(self._lock_fd, {"tool": TOOL, "holder": holder, "pending": self._pending})
-
-    def _record_intent(self, pending: dict[str, Any] | None) -> None:
-        self._pending = pending
-        self._write_lock_record()
-
-    def _check_folder(self) -> None:
-        """Fails if the folder's path now leads elsewhere (or nowhere)."""
-        try:
-            now = _identity(os.stat(self.directory) if not self.private else os.lstat(self.directory))
-        except FileNotFoundError:
-            now = None
-        if now != self._identity:
-            found = "nothing" if now is None else f"another folder (device {now[0]}, inode {now[1]})"
-            raise CheckpointDirChangedError(
-                f"Checkpoint folder {self.directory} was replaced while run {self.run!r} held it: it now leads to "
-                f"{found}; expected device {self._identity[0]}, inode {self._identity[1]}. Not saving; "
-                f"training goes on. Give the run its folder back, or stop it and start again."
-            )
-
-    def _recover(self) -> None:
-        """Removes what a killed save left, as its intent record says."""
-        pending = self._pending
-        if pending is None:
-            return
-        staging, model_file = pending.get("staging"), pending.get("file")
-        if isinstance(model_file, str) and _is_plain_name(model_file) and not self._is_committed(model_file):
-            self._remove_if_same(model_file, pending.get("inode"), pending.get("size"))
-        if isinstance(staging, str) and _is_plain_name(staging) and staging.startswith(_STAGING_PREFIX):
-            self._remove_staging(staging)
-        self._record_intent(None)
-        self._phase("recovered")
-
-    def _is_committed(self, model_file: str) -> bool:
-        try:
-            info = read_sidecar(self._dir_fd, model_file[: -len(".keras")] + ".json")
-        except MalformedSidecarError:
-            return False
-        return info["file"] == model_file
-
-    def _remove_if_same(self, name: str, inode: Any, size: Any) -> None:
-        """Removes file `name` if it is the one a killed save staged (same inode and size)."""
-        try:
-            st = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        if stat.S_ISREG(st.st_mode) and (st.st_ino, st.st_size) == (inode, size):
-            os.unlink(name, dir_fd=self._dir_fd)
-
-    def _remove_staging(self, name: str) -> None:
-        """Removes a staging folder of ours: its files, then itself."""
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                return  # a symlink: not what we made
-            raise
-        try:
-            for entry in os.listdir(fd):
-                if stat.S_ISREG(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
-                    os.unlink(entry, dir_fd=fd)
-        finally:
-            os.close(fd)
-        try:
-            os.rmdir(name, dir_fd=self._dir_fd)
-        except OSError as error:
-            logger.warning("Left staging folder %s: %s", self.directory / name, error.strerror)
 
     # Listing ----------------------------------------------------------------
 
@@ -427,6 +207,7 @@ class CheckpointStore:
         reason: str,
         metrics: Mapping[str, Any] | None = None,
         run: str | None = None,
+        resume_state: Mapping[str, Any] | None = None,
     ) -> Checkpoint:
         """Writes a checkpoint atomically and prunes this run's old ones.
 
@@ -443,6 +224,8 @@ class CheckpointStore:
             metrics: The latest metrics, stored in the sidecar (non-finite
                 values as null).
             run: The run's name; if given, it must be the store's `run`.
+            resume_state: What an exact resume needs besides the weights
+                (`random_state.capture`), kept in the sidecar.
 
         Returns:
             The new checkpoint.
@@ -459,11 +242,11 @@ class CheckpointStore:
         if run is not None and run != self.run:
             raise ValueError(f"save(run={run!r}) on the store of run {self.run!r}; expected {self.run!r} or None.")
         if self.held:
-            return self._save(model, position, reason, metrics)
+            return self._save(model, position, reason, metrics, resume_state)
         with self:
-            return self._save(model, position, reason, metrics)
+            return self._save(model, position, reason, metrics, resume_state)
 
-    def _save(self, model, position: TrainingPosition, reason: str, metrics) -> Checkpoint:
+    def _save(self, model, position: TrainingPosition, reason: str, metrics, resume_state=None) -> Checkpoint:
         self._check_folder()
         try:
             scan = self._scan_fd(self._dir_fd)
@@ -471,6 +254,8 @@ class CheckpointStore:
             self._flush_previous(previous)
             sequence, stem = self._free_name(scan.top_sequence, position)
             info = self._sidecar(sequence, f"{stem}.keras", position, reason, metrics)
+            if resume_state is not None:
+                info["resume_state"] = json_safe(dict(resume_state))
             self._write_staged(model, info)
         except CheckpointDirError:
             raise
@@ -535,7 +320,7 @@ class CheckpointStore:
         """
         fd, file = self._dir_fd, info["file"]
         sidecar = file[: -len(".keras")] + ".json"
-        staging = f"{_STAGING_PREFIX}{self.run_id}-{info['sequence']}"
+        staging = f"{STAGING_PREFIX}{self.run_id}-{info['sequence']}"
         intent = {"staging": staging, "file": file}
         self._record_intent(intent)
         self._phase("intent-recorded")
@@ -636,10 +421,6 @@ class CheckpointStore:
         _fsync_file(checkpoint.sidecar)
         _fsync_dir(self.directory)
         self._flushed.add(checkpoint.sequence)
-
-    def _phase(self, name: str) -> None:
-        if self._on_phase is not None:
-            self._on_phase(name)
 
     # Resuming ---------------------------------------------------------------
 
@@ -757,49 +538,10 @@ def _model_file_problem(dir_fd: int, info: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
-def _kind(st: os.stat_result) -> str:
-    kinds = [(stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"),
-             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]
-    return next((text for test, text in kinds if test(st.st_mode)), f"mode {stat.filemode(st.st_mode)}")
-
-
-def _is_plain_name(name: str) -> bool:
-    return 0 < len(name) <= 255 and "/" not in name and "\0" not in name and name not in (".", "..")
-
-
-def _lexists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
 def _write_new_file(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
-
-
-def _write_record(fd: int, record: Mapping[str, Any]) -> None:
-    """Writes a lock record: one page, in one pwrite, so whole or not at all."""
-    data = json.dumps(record, sort_keys=True, allow_nan=False).encode("utf-8")
-    if len(data) >= _LOCK_RECORD_BYTES:
-        raise ValueError(f"A lock record of {len(data)} bytes; expected under {_LOCK_RECORD_BYTES}.")
-    os.pwrite(fd, data.ljust(_LOCK_RECORD_BYTES - 1) + b"\n", 0)
-
-
-def _read_record(fd: int) -> dict:
-    """The lock file's record, or {} if it holds none of ours."""
-    try:
-        record = json.loads(os.pread(fd, _LOCK_RECORD_BYTES, 0).decode("utf-8") or "{}")
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return {}
-    return record if isinstance(record, dict) and record.get("tool") == TOOL else {}
 
 
 def _json_text(info: Mapping[str, Any]) -> str:

@@ -5,7 +5,8 @@ cost seconds, not minutes. It forks one child per kill point. The child
 saves in a loop with a stand-in model whose `save` writes the bytes of a
 real ``.keras`` file in 8 chunks (the store does not care what writes the
 staged file, only that it is written through the path it gives). The
-store's ``on_phase`` hook names every phase a save completes; for a targeted
+store's ``on_phase`` hook names every phase a save completes (two saves in
+three run on a `CheckpointWriter` thread, as in a run); for a targeted
 kill the child SIGKILLs itself when it completes the k-th time the chosen
 phase (``model-write``: the k-th chunk written). A timed kill comes from the
 server after a given delay. The phase last completed and the last sequence
@@ -31,7 +32,7 @@ import sys
 import time
 import traceback
 
-from jupyter_traincontrol.checkpoint import CheckpointStore, TrainingPosition
+from jupyter_traincontrol.checkpoint import CheckpointStore, CheckpointWriter, TrainingPosition
 
 assert "tensorflow" not in sys.modules and "keras" not in sys.modules
 
@@ -68,10 +69,15 @@ def life(directory: str, data: bytes, kill_phase: str | None, kill_at: int) -> N
             os.kill(os.getpid(), signal.SIGKILL)
 
     store = CheckpointStore(directory, keep=2, on_phase=reached)
+    writer = CheckpointWriter(store, "saver")
     model = StandInModel(data, on_chunk=lambda: reached("model-write"))
     for step in range(1, MAX_SAVES + 1):
         reason = "stop" if step % 3 == 0 else "save"  # both flush paths
-        checkpoint = store.save(model, TrainingPosition(epoch=0, step_in_epoch=step), reason=reason)
+        position = TrainingPosition(epoch=0, step_in_epoch=step)
+        if step % 3 == 1:  # on the training thread, as with save_in_background=False
+            checkpoint = store.save(model, position, reason=reason)
+        else:  # on the background writer's thread, as a save or a stop does by default
+            checkpoint = writer.write(model, position, reason, {})
         shared[4:8] = struct.pack("i", checkpoint.sequence)
     os._exit(4)
 

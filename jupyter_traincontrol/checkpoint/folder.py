@@ -1,0 +1,328 @@
+"""Holding a checkpoint folder: its OS lock, the intent record, and recovery.
+
+A live run holds its folder with an OS lock (`fcntl.flock` on
+``.traincontrol.lock``, which names the holder), released by the kernel
+when the process dies. A second holder of the same folder, in this process
+or another, fails with `CheckpointDirBusyError`. While it holds the folder,
+the holder works through a descriptor of it opened once, and a save fails
+clearly if the path now leads to another folder.
+
+Before a save stages anything, it records its intent (the staging folder's
+and the model file's names, then the staged file's inode and size) in the
+lock file, in one page written with one ``pwrite``; a later holder uses that
+record, and only that, to remove what a killed save left. The lock file is
+never removed.
+
+`CheckpointFolder` is the base of `CheckpointStore`, which adds what a
+checkpoint is (writing, listing, pruning, restoring).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import stat
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..private_fs import UnsafePathError, ensure_private_dir, make_private_dirs
+from .records import CheckpointDirBusyError, CheckpointDirChangedError, CheckpointDirError, MalformedSidecarError
+from .sidecar import DEFAULT_RUN, TOOL, check_run_name, read_sidecar
+
+__all__ = ["CheckpointFolder", "LOCK_FILE", "STAGING_PREFIX"]
+
+logger = logging.getLogger("jupyter_traincontrol")
+
+#: The lock file of a checkpoint folder (never removed: see `CheckpointFolder.release`).
+LOCK_FILE = ".traincontrol.lock"
+#: Hidden staging folders of saves in progress: ``.partial-RUNID-SEQ``.
+STAGING_PREFIX = ".partial-"
+_LOCK_RECORD_BYTES = 4096  # one page: a record is written with one pwrite, whole or not at all
+
+
+class CheckpointFolder:
+    """One checkpoint folder, held by one run of this process.
+
+    Args:
+        directory: The folder; created (mode 0700, and any missing parent
+            too) when first taken.
+        run: The run's name. Defaults to ``"run"``.
+        private: True for a folder the tool chose: it and its parent are
+            then created private or must be real, private folders of the
+            current user. Defaults to False.
+        on_phase: Called with the name of each phase completed (see
+            `CheckpointStore`).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        run: str | None = None,
+        private: bool = False,
+        on_phase: Callable[[str], None] | None = None,
+    ):
+        if run is not None:
+            try:
+                check_run_name(run)
+            except ValueError as error:
+                raise ValueError(f"run is {error}.") from None
+        self.directory = Path(directory).absolute()
+        self.run = DEFAULT_RUN if run is None else run
+        self.run_id = uuid.uuid4().hex
+        self.private = bool(private)
+        self._on_phase = on_phase
+        self._dir_fd: int | None = None
+        self._lock_fd: int | None = None
+        self._identity: tuple[int, int] | None = None
+        self._pending: dict[str, Any] | None = None
+
+
+    @property
+    def held(self) -> bool:
+        """True between `acquire` and `release`."""
+        return self._lock_fd is not None
+
+    def acquire(self) -> "CheckpointFolder":
+        """Takes the folder: checks it, creates it if missing, locks it.
+
+        Also removes what a save killed in an earlier process left (as
+        recorded in the lock file). Idempotent.
+
+        Returns:
+            self.
+
+        Raises:
+            CheckpointDirError: If the folder is a file, a dangling symlink,
+                unwritable, or (with ``private``) not a private folder of the
+                current user. The message names the path.
+            CheckpointDirBusyError: If another live run holds the folder; the
+                message names it and its process.
+        """
+        if self.held:
+            return self
+        dir_fd = self._open_folder()
+        try:
+            lock_fd, previous = self._lock(dir_fd)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        self._dir_fd, self._lock_fd = dir_fd, lock_fd
+        self._identity = _identity(os.fstat(dir_fd))
+        pending = previous.get("pending")
+        self._pending = pending if isinstance(pending, dict) else None  # kept until recovered
+        try:
+            self._write_lock_record()
+            self._phase("locked")
+            self._recover()
+        except OSError as error:
+            self.release()
+            raise CheckpointDirError(f"Could not take checkpoint folder {self.directory}: {error.strerror or error}.") from error
+        return self
+
+    def release(self) -> None:
+        """Lets the folder go (the lock file stays, marked free). Idempotent."""
+        lock_fd, dir_fd = self._lock_fd, self._dir_fd
+        self._lock_fd = self._dir_fd = self._identity = None
+        if lock_fd is None:
+            return
+        try:
+            _write_record(lock_fd, {"tool": TOOL, "holder": None})
+        except OSError as error:
+            logger.warning("Could not mark %s free: %s", self.directory / LOCK_FILE, error)
+        finally:
+            os.close(lock_fd)  # drops the flock
+            os.close(dir_fd)
+
+    def __enter__(self) -> "CheckpointFolder":
+        return self.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def _open_folder(self) -> int:
+        """Creates or checks the folder; returns a descriptor of it."""
+        path = self.directory
+        try:
+            if self.private:
+                ensure_private_dir(path.parent)
+                ensure_private_dir(path)
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                if _identity(os.fstat(fd)) != _identity(os.lstat(path)):
+                    os.close(fd)
+                    raise UnsafePathError(f"Refusing {path}: it was replaced while being opened.")
+                return fd
+            if os.path.islink(path) and not os.path.exists(path):
+                raise CheckpointDirError(
+                    f"Checkpoint folder {path} is a symlink to {os.readlink(path)!r}, which does not exist; "
+                    f"expected a folder (or a link to one)."
+                )
+            if not os.path.lexists(path):
+                make_private_dirs(path)
+            st = os.stat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                raise CheckpointDirError(
+                    f"Checkpoint folder {path} is {_kind(st)}; expected a folder (created if missing)."
+                )
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise CheckpointDirError(f"Checkpoint folder {path} is not writable by this user; expected a folder it can write.")
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except UnsafePathError as error:
+            raise CheckpointDirError(f"Checkpoint folder {path} is unsafe: {error}") from error
+        except CheckpointDirError:
+            raise
+        except OSError as error:
+            raise CheckpointDirError(f"Could not use checkpoint folder {path}: {error.strerror or error}.") from error
+
+    def _lock(self, dir_fd: int) -> tuple[int, dict]:
+        """Opens and flocks the lock file; returns it and its previous record."""
+        lock_path = self.directory / LOCK_FILE
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise CheckpointDirError(
+                    f"Checkpoint folder {self.directory} is not writable: {error.strerror}; expected a folder this user can write."
+                ) from error
+            raise CheckpointDirError(f"Could not open {lock_path}: {error.strerror}; expected a regular file of ours.") from error
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CheckpointDirError(f"{lock_path} is not a regular file; expected the folder's lock file.")
+            if _identity(os.fstat(fd)) != _identity(os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)):
+                raise CheckpointDirChangedError(f"{self.directory} was replaced while being opened; expected one folder.")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_record(fd).get("holder") or {}
+                raise CheckpointDirBusyError(
+                    f"Checkpoint folder {self.directory} is in use by run {holder.get('run', '?')!r} "
+                    f"(pid {holder.get('pid', '?')}); expected a folder no live run holds. Give this run its own "
+                    f"checkpoint_dir, or end that run first."
+                ) from None
+            return fd, _read_record(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _write_lock_record(self) -> None:
+        holder = {"run": self.run, "run_id": self.run_id, "pid": os.getpid(), "since": time.time()}
+        _write_record(self._lock_fd, {"tool": TOOL, "holder": holder, "pending": self._pending})
+
+    def _record_intent(self, pending: dict[str, Any] | None) -> None:
+        self._pending = pending
+        self._write_lock_record()
+
+    def _check_folder(self) -> None:
+        """Fails if the folder's path now leads elsewhere (or nowhere)."""
+        try:
+            now = _identity(os.stat(self.directory) if not self.private else os.lstat(self.directory))
+        except FileNotFoundError:
+            now = None
+        if now != self._identity:
+            found = "nothing" if now is None else f"another folder (device {now[0]}, inode {now[1]})"
+            raise CheckpointDirChangedError(
+                f"Checkpoint folder {self.directory} was replaced while run {self.run!r} held it: it now leads to "
+                f"{found}; expected device {self._identity[0]}, inode {self._identity[1]}. Not saving; "
+                f"training goes on. Give the run its folder back, or stop it and start again."
+            )
+
+    def _recover(self) -> None:
+        """Removes what a killed save left, as its intent record says."""
+        pending = self._pending
+        if pending is None:
+            return
+        staging, model_file = pending.get("staging"), pending.get("file")
+        if isinstance(model_file, str) and _is_plain_name(model_file) and not self._is_committed(model_file):
+            self._remove_if_same(model_file, pending.get("inode"), pending.get("size"))
+        if isinstance(staging, str) and _is_plain_name(staging) and staging.startswith(STAGING_PREFIX):
+            self._remove_staging(staging)
+        self._record_intent(None)
+        self._phase("recovered")
+
+    def _is_committed(self, model_file: str) -> bool:
+        try:
+            info = read_sidecar(self._dir_fd, model_file[: -len(".keras")] + ".json")
+        except MalformedSidecarError:
+            return False
+        return info["file"] == model_file
+
+    def _remove_if_same(self, name: str, inode: Any, size: Any) -> None:
+        """Removes file `name` if it is the one a killed save staged (same inode and size)."""
+        try:
+            st = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode) and (st.st_ino, st.st_size) == (inode, size):
+            os.unlink(name, dir_fd=self._dir_fd)
+
+    def _remove_staging(self, name: str) -> None:
+        """Removes a staging folder of ours: its files, then itself."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                return  # a symlink: not what we made
+            raise
+        try:
+            for entry in os.listdir(fd):
+                if stat.S_ISREG(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(entry, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            os.rmdir(name, dir_fd=self._dir_fd)
+        except OSError as error:
+            logger.warning("Left staging folder %s: %s", self.directory / name, error.strerror)
+
+    def _phase(self, name: str) -> None:
+        if self._on_phase is not None:
+            self._on_phase(name)
+
+
+# Helpers --------------------------------------------------------------------
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _kind(st: os.stat_result) -> str:
+    kinds = [(stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]
+    return next((text for test, text in kinds if test(st.st_mode)), f"mode {stat.filemode(st.st_mode)}")
+
+
+def _is_plain_name(name: str) -> bool:
+    return 0 < len(name) <= 255 and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
+def _lexists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _write_record(fd: int, record: Mapping[str, Any]) -> None:
+    """Writes a lock record: one page, in one pwrite, so whole or not at all."""
+    data = json.dumps(record, sort_keys=True, allow_nan=False).encode("utf-8")
+    if len(data) >= _LOCK_RECORD_BYTES:
+        raise ValueError(f"A lock record of {len(data)} bytes; expected under {_LOCK_RECORD_BYTES}.")
+    os.pwrite(fd, data.ljust(_LOCK_RECORD_BYTES - 1) + b"\n", 0)
+
+
+def _read_record(fd: int) -> dict:
+    """The lock file's record, or {} if it holds none of ours."""
+    try:
+        record = json.loads(os.pread(fd, _LOCK_RECORD_BYTES, 0).decode("utf-8") or "{}")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return {}
+    return record if isinstance(record, dict) and record.get("tool") == TOOL else {}

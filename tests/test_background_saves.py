@@ -1,0 +1,164 @@
+"""Saves that do not hold training: a snapshot at the boundary, the file on a writer thread.
+
+Real fits of a tiny model; a slow write is made with the store's
+``on_phase`` hook (it runs on the thread that writes).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from jupyter_traincontrol import ControlCallback
+from jupyter_traincontrol.checkpoint import ModelSnapshot
+
+BACKEND = keras.backend.backend()
+
+
+def _state(model) -> list[np.ndarray]:
+    return [np.array(v) for v in model.weights] + [np.array(v) for v in model.optimizer.variables]
+
+
+def _loaded_state(path) -> list[np.ndarray]:
+    model = keras.models.load_model(path)
+    return _state(model)
+
+
+class Scripted(keras.callbacks.Callback):
+    """Sends commands at chosen batches (global count) and records the state
+    right after `ControlCallback` acted (it comes after it in the list)."""
+
+    def __init__(self, control, plan: dict[int, list[str]], on_phase=None):
+        super().__init__()
+        self.control, self.plan, self.on_phase = control, plan, on_phase
+        self.count = 0
+        self.states: dict[int, list[np.ndarray]] = {}
+        self.writer_threads: dict[int, list[str]] = {}
+
+    def on_train_begin(self, logs=None):
+        if self.on_phase is not None:  # the store exists once the run is open
+            self.control.lifecycle.store._on_phase = self.on_phase
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
+        self.states[self.count] = _state(self.model)
+        self.writer_threads[self.count] = [t.name for t in threading.enumerate() if t.name.startswith("traincontrol-writer")]
+        for line in self.plan.get(self.count, []):
+            self.control.lifecycle.channel.inject(line)  # read at the next boundary, like a FIFO line
+
+
+def _slow(seconds: float, phase: str = "staged-model"):
+    def on_phase(name):
+        if name == phase:
+            time.sleep(seconds)
+
+    return on_phase
+
+
+def _acks(control) -> dict[str, tuple[str, str]]:
+    return {i: (ack["outcome"], ack["message"]) for ack in control.lifecycle.acks for i in ack["ids"]}
+
+
+def _fit(model, data, *callbacks, epochs=1):
+    x, y = data
+    return model.fit(x, y, batch_size=4, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
+def test_snapshot_file_is_the_state_of_its_boundary_and_loads(make_model, tiny_data, tmp_path):
+    model = make_model()
+    _fit(model, tiny_data)
+    snapshot = ModelSnapshot.take(model)
+    model.save(tmp_path / "then.keras")
+    _fit(model, tiny_data)  # training goes on; the snapshot must not change
+    snapshot.save(tmp_path / "snap.keras")
+    for a, b in zip(_loaded_state(tmp_path / "snap.keras"), _loaded_state(tmp_path / "then.keras")):
+        assert np.array_equal(a, b)
+    assert snapshot.nbytes > 0
+    snapshot.release()
+
+
+def test_a_save_is_written_in_the_background_with_the_weights_of_its_boundary(make_model, tiny_data, tmp_path):
+    model = make_model()
+    control = ControlCallback(name="bg", checkpoint_dir=tmp_path / "ck", verbose=False, handle_sigint=False)
+    probe = Scripted(control, {2: ["save #one"]}, on_phase=_slow(0.5))
+    _fit(model, tiny_data, control, probe)
+    (checkpoint,) = control.lifecycle.checkpoints()
+    assert checkpoint.info["global_step"] == 3  # taken at the boundary after batch 3
+    for a, b in zip(_loaded_state(checkpoint.path), probe.states[3]):
+        assert np.array_equal(a, b)
+    assert any(probe.writer_threads[n] for n in (3, 4, 5)), "the write did not run on a writer thread while training went on"
+    assert _acks(control)["one"] == ("applied", f"checkpoint written: {checkpoint.path}")
+
+
+def test_saves_during_a_write_merge_into_the_next_and_all_are_answered(make_model, tiny_data, tmp_path):
+    model = make_model()
+    control = ControlCallback(name="merge", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False)
+    probe = Scripted(control, {1: ["save #a"], 2: ["save #b"], 3: ["save #c", "save #d"]}, on_phase=_slow(0.6))
+    _fit(model, tiny_data, control, probe, epochs=2)
+    checkpoints = control.lifecycle.checkpoints()
+    assert len(checkpoints) == 2, [c.path.name for c in checkpoints]
+    first, second = checkpoints
+    assert first.info["global_step"] == 2
+    assert second.info["global_step"] > 4  # the first boundary after the first write was done
+    acks = _acks(control)
+    assert acks["a"] == ("applied", f"checkpoint written: {first.path}")
+    assert acks["b"] == acks["c"] == acks["d"] == ("applied", f"checkpoint written: {second.path}")
+
+
+def test_a_stop_waits_for_the_write_in_flight_and_saves_its_own_boundary(make_model, tiny_data, tmp_path):
+    model = make_model()
+    control = ControlCallback(name="stopper", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False)
+    probe = Scripted(control, {1: ["save #s"], 2: ["save #t", "stop #x"]}, on_phase=_slow(0.5))
+    _fit(model, tiny_data, control, probe, epochs=3)
+    checkpoints = control.lifecycle.checkpoints()
+    assert [c.info["reason"] for c in checkpoints] == ["save", "stop"]
+    stop = checkpoints[-1]
+    assert stop.info["global_step"] == 3
+    for a, b in zip(_loaded_state(stop.path), probe.states[3]):
+        assert np.array_equal(a, b)
+    acks = _acks(control)
+    assert acks["x"][0] == acks["t"][0] == acks["s"][0] == "applied"
+    assert acks["t"] == acks["x"]  # the save waiting is answered with the stop's checkpoint
+
+
+def test_a_failing_background_write_is_reported_failed_and_training_goes_on(make_model, tiny_data, tmp_path, monkeypatch):
+    def broken(self, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ModelSnapshot, "save", broken)
+    model = make_model()
+    control = ControlCallback(name="full", checkpoint_dir=tmp_path / "ck", verbose=False, handle_sigint=False)
+    probe = Scripted(control, {2: ["save #f"]})
+    _fit(model, tiny_data, control, probe)
+    assert probe.count == 16 and control.lifecycle.checkpoints() == []
+    outcome, message = _acks(control)["f"]
+    assert outcome == "failed" and "No space left on device" in message
+    assert [name for name in (tmp_path / "ck").iterdir() if not name.name.startswith(".traincontrol")] == []
+
+
+def test_saving_in_the_foreground_writes_on_the_training_thread(make_model, tiny_data, tmp_path):
+    model = make_model()
+    control = ControlCallback(name="fg", checkpoint_dir=tmp_path / "ck", verbose=False, handle_sigint=False,
+                              save_in_background=False)
+    threads = []
+    probe = Scripted(control, {2: ["save #g"]}, on_phase=lambda name: threads.append(threading.current_thread().name))
+    _fit(model, tiny_data, control, probe)
+    assert set(threads) == {threading.current_thread().name}
+    (checkpoint,) = control.lifecycle.checkpoints()
+    assert _acks(control)["g"][0] == "applied" and checkpoint.info["global_step"] == 3
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_save_waiting_when_fit_ends_is_written_then(make_model, tiny_data, tmp_path, background):
+    model = make_model()
+    control = ControlCallback(name="late", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False,
+                              save_in_background=background)
+    probe = Scripted(control, {14: ["save #p"], 15: ["save #q"]}, on_phase=_slow(0.8))
+    _fit(model, tiny_data, control, probe)
+    acks = _acks(control)
+    assert acks["p"][0] == acks["q"][0] == "applied"
+    assert control.lifecycle.checkpoints()[-1].info["global_step"] == 16  # q, written as fit ended
