@@ -4,7 +4,8 @@
 them out (the table is `commands.COMMAND_HELP`): ``save`` writes a
 checkpoint, ``stop`` writes one and ends `fit` the Keras way
 (``model.stop_training``), ``abort`` ends it without one, ``pause`` holds
-the thread until ``resume``, ``stop`` or ``abort``. Each request is then
+the thread until ``resume``, ``stop`` or ``abort``; ``set`` and
+``rollback`` are the fit's `steering.Steering`'s. Each request is then
 acknowledged in the run's record with its outcome (``applied``,
 ``ignored`` or ``failed``), and the record is published once for all the
 requests of a boundary. Saves asked for at one boundary are one checkpoint:
@@ -15,13 +16,17 @@ a burst of them costs training one save.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .checkpoint import CheckpointError, TrainingPosition
 from .commands import Command, Request, RunState
 from .lifecycle import RunLifecycle
 from .resume import optimizer_step
+
+if TYPE_CHECKING:
+    from .steering import Steering
 
 __all__ = ["CommandActions", "FitProgress"]
 
@@ -73,9 +78,13 @@ class CommandActions:
         lifecycle: The run (its channel, store, state and record).
         progress: Where `fit` stands.
         say: Prints one line for the user (or not, when quiet).
+        steering: Carries out ``set`` and ``rollback`` and guards
+            checkpoints after a non-finite loss; without it, those two
+            commands are refused.
     """
 
-    def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None]):
+    def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None],
+                 steering: "Steering | None" = None):
         self.model = model
         self.lifecycle = lifecycle
         self.progress = progress
@@ -84,12 +93,15 @@ class CommandActions:
         self._say = say
         self._channel = lifecycle.channel
         self._last_save: tuple[int, str] | None = None  # (boundary, what that save wrote)
+        self.steering = steering
         self._actions: dict[Command, Callable[[Request], Outcome | None]] = {
             Command.SAVE: self._save,
             Command.STOP: self._stop,
             Command.ABORT: self._abort,
             Command.PAUSE: self._hold,
             Command.RESUME: lambda _request: self._ignored("The run is not paused; 'resume' ignored."),
+            Command.SET: self._set,
+            Command.ROLLBACK: self._rollback,
         }
 
     @property
@@ -168,6 +180,35 @@ class CommandActions:
             if self.ended_by is not None:
                 return
 
+    def _set(self, request: Request) -> Outcome:
+        if self.steering is None:
+            return "failed", "this callback does not steer (no model seen yet)"
+        return self.steering.set(request)
+
+    def _rollback(self, request: Request) -> Outcome:
+        if self.ended_by is not None:
+            return self._ignored(f"The run is stopping; '{request}' ignored.")
+        if self.steering is None:
+            return "failed", "this callback does not steer (no model seen yet)"
+        outcome = self.steering.rollback(request)
+        self._last_save = None  # the model changed: a save now is not the one just taken
+        return outcome
+
+    def stop_without_checkpoint(self) -> bool:
+        """Ends `fit` as ``stop`` does, but writes no checkpoint (the NaN
+        policy: the newest checkpoint stays the last finite one).
+
+        Returns:
+            False if the fit was ending already.
+        """
+        if self.ended_by is not None:
+            return False
+        self._end_fit(Command.STOP)
+        return True
+
+    def _steered_save(self):
+        return self.steering.saving() if self.steering is not None else contextlib.nullcontext()
+
     def _end_fit(self, command: Command) -> None:
         progress, steps = self.progress, self.lifecycle.steps
         if progress.mid_epoch and (steps is None or progress.step < steps):
@@ -179,11 +220,17 @@ class CommandActions:
     def _checkpoint(self, reason: str) -> Outcome:
         """Writes a checkpoint; says what it wrote, or why it could not."""
         lifecycle = self.lifecycle
+        refused = self.steering.refuse_checkpoint() if self.steering is not None else None
+        if refused is not None:
+            lifecycle.log("error", f"Checkpoint ({reason}) {refused}.")
+            self._say(f"Checkpoint ({reason}) {refused}.", stream=sys.stderr)
+            return "failed", f"checkpoint {refused}"
         position = self.progress.position(self.model, lifecycle.steps)
         try:
-            checkpoint = lifecycle.store.save(
-                self.model, position, reason=reason, metrics=lifecycle.metrics, run=lifecycle.name
-            )
+            with self._steered_save():
+                checkpoint = lifecycle.store.save(
+                    self.model, position, reason=reason, metrics=lifecycle.metrics, run=lifecycle.name
+                )
         except CheckpointError as error:
             lifecycle.log("error", str(error))
             self._say(str(error), stream=sys.stderr)

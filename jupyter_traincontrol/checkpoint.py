@@ -294,6 +294,15 @@ def _metrics(value):
     return plain
 
 
+def _tunables(value):
+    if not isinstance(value, dict) or len(value) > 100:
+        raise ValueError(f"{_shown(value)}; expected an object of at most 100 names")
+    for key, number in value.items():
+        if len(key) > 64 or type(number) not in (int, float) or not math.isfinite(number):
+            raise ValueError(f"{key[:40]!r}: {_shown(number)}; expected a finite number")
+    return {key: float(number) for key, number in value.items()}
+
+
 _RUN_NAME = _text(255)
 _FIELDS = {
     "sequence": _whole(1, _MAX_COUNT),
@@ -355,6 +364,11 @@ def parse_sidecar(data: bytes, name: str) -> dict[str, Any]:
             checked[field] = check(info[field])
         except ValueError as error:
             raise MalformedSidecarError(f"{name}: {field!r} is {error}.") from None
+    if "tunables" in info:  # optional: only sidecars of runs that were steered have it
+        try:
+            checked["tunables"] = _tunables(info["tunables"])
+        except ValueError as error:
+            raise MalformedSidecarError(f"{name}: 'tunables' is {error}.") from None
     expected_file = name[: -len(".json")] + ".keras" if name.endswith(".json") else None
     if checked["file"] != expected_file:
         raise MalformedSidecarError(f"{name}: 'file' is {checked['file']!r}; expected {expected_file!r}.")
@@ -457,6 +471,9 @@ class CheckpointStore:
         self._lock_fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._pending: dict[str, Any] | None = None
+        #: The values steered so far (``set``, the NaN policy): written in
+        #: each sidecar as ``tunables`` while not empty; a resume sets them again.
+        self.tunables: dict[str, float] = {}
 
     # Holding the folder -------------------------------------------------------
 
@@ -815,6 +832,7 @@ class CheckpointStore:
             "metrics": _plain_metrics(metrics or {}),
             "reason": reason,
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **({"tunables": dict(self.tunables)} if self.tunables else {}),
         })
 
     def _write_staged(self, model, info: dict[str, Any]) -> None:

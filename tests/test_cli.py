@@ -55,7 +55,7 @@ def test_send_delivers_through_the_fifo(live_run, capsys):
 @pytest.mark.parametrize(
     "argv, code, message",
     [
-        (["send", "alpha", "frobnicate"], 2, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume."),
+        (["send", "alpha", "frobnicate"], 2, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume, set, rollback."),
         (["send", "nobody", "stop"], 3, "No run named 'nobody'. Runs listed: alpha."),
     ],
 )

@@ -126,7 +126,7 @@ async def test_post_delivers_the_command_through_the_fifo(api, live_run):
 @pytest.mark.parametrize(
     "body, message",
     [
-        ({"command": "frobnicate"}, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume."),
+        ({"command": "frobnicate"}, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume, set, rollback."),
         (b"stop", "The body is not JSON: 'stop'."),
         (b"", "The body is not JSON: ''."),
         (["stop"], 'Got ["stop"].'),
@@ -140,7 +140,7 @@ async def test_a_bad_command_or_body_is_400_and_says_what_is_expected(api, live_
     assert reply["message"].startswith(message)
     if not message.startswith("Unknown command"):
         assert reply["message"].endswith(
-            'Expected a JSON object like {"command": "stop"} with a command among: stop, save, abort, pause, resume.'
+            'Expected a JSON object like {"command": "stop"} with a command among: stop, save, abort, pause, resume, set, rollback.'
         )
     assert not live_run.channel.pending
 
