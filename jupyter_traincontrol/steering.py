@@ -157,11 +157,13 @@ class Steering:
         self.rollbacks += 1
         self.suspect = None
         lifecycle.global_step = optimizer_step(model)
-        position = checkpoint.position
+        position, progress = checkpoint.position, self.progress
+        steps = lifecycle.steps
+        goes_on = (f"epoch {progress.epoch + 2}" if steps is not None and progress.step >= steps
+                   else f"epoch {progress.epoch + 1}, batch {progress.step + 1}")
         message = (
             f"rolled back to {checkpoint.path.name} (epoch {position.epoch + 1}, step {position.step_in_epoch}): "
-            f"optimizer step {step_before} -> {lifecycle.global_step}; training goes on at epoch "
-            f"{self.progress.epoch + 1}, batch {self.progress.step + 1}"
+            f"optimizer step {step_before} -> {lifecycle.global_step}; training goes on at {goes_on}"
         )
         self._add_change("rollbacks", self.rollbacks - 1, self.rollbacks, by, checkpoint=checkpoint.path.name)
         lifecycle.log("rollback", f"{message[0].upper()}{message[1:]} (by {by}).")
