@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``jupyter-traincontrol``."""
     parser = argparse.ArgumentParser(
         prog="jupyter-traincontrol",
-        description="List Keras training runs and stop, save, abort, pause or resume them.",
+        description="List Keras training runs; stop, save, abort, pause, resume, steer (set lr=...) or roll them back.",
         epilog=__doc__.split("\n\n", 2)[2],
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
