@@ -231,12 +231,13 @@ class Steering:
     def _add_change(self, name: str, old, new, by: str, **extra) -> None:
         self._first_old.setdefault(name, old)
         progress = self.progress
-        self.lifecycle.changes.append({
+        change = {
             "time": time.time(), "by": by, "name": name, "old": old, "new": new,
             "epoch": progress.epoch + 1, "step": progress.step, "global_step": optimizer_step(self.model),
             **extra,
-        })
-        del self.lifecycle.changes[:-_CHANGES_KEPT]
+        }
+        # A new list, swapped in whole: the publisher thread reads the old or the new.
+        self.lifecycle.changes = [*self.lifecycle.changes, change][-_CHANGES_KEPT:]
 
     def _publish_values(self, values: dict | None = None) -> None:
         self.lifecycle.tunables = self.tunables.read() if values is None else values

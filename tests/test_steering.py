@@ -324,3 +324,18 @@ def test_on_nan_is_checked_at_construction():
         ControlCallback(on_nan="retry")
     with pytest.raises(ValueError, match="tunables"):
         ControlCallback(tunables={"lr": keras.Variable(1.0)})
+
+
+def test_the_sidecar_keeps_steered_values_and_refuses_bad_ones(make_model, tmp_path):
+    import json
+
+    from jupyter_traincontrol.checkpoint import CheckpointStore, MalformedSidecarError, TrainingPosition, parse_sidecar, read_sidecar as checked
+
+    store = CheckpointStore(tmp_path, run="r")
+    store.tunables = {"learning_rate": 0.001}
+    checkpoint = store.save(make_model(), TrainingPosition(0, 1), reason="save")
+    assert checked(tmp_path, checkpoint.sidecar.name)["tunables"] == {"learning_rate": 0.001}
+    info = json.loads(checkpoint.sidecar.read_text())
+    for bad in ({"learning_rate": "fast"}, {"learning_rate": None}, {"lr": True}, [1.0]):
+        with pytest.raises(MalformedSidecarError, match="'tunables' is"):
+            parse_sidecar(json.dumps({**info, "tunables": bad}).encode(), checkpoint.sidecar.name)
