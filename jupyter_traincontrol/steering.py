@@ -199,10 +199,10 @@ class Steering:
         """Adds the steered values to an epoch's logs (what `History` keeps)."""
         if logs is None:
             return
-        names = [name for name in self.tunables.names()
-                 if name == "learning_rate" or name in self.tunables.user or name in self._first_old]
-        values = self.tunables.read(names)
-        self._publish_values()
+        current = self.tunables.read()  # one read serves the logs and the record
+        self._publish_values(current)
+        values = {name: value for name, value in current.items()
+                  if name == "learning_rate" or name in self.tunables.user or name in self._first_old}
         if self.rollbacks or "rollbacks" in self._first_old:
             values["rollbacks"] = self.rollbacks
         history = getattr(self.model, "history", None)

@@ -282,6 +282,12 @@ export class RunCard {
       this._lrInput.value = shown;
     }
     this._shownLr = shown;
+    const values = Object.entries(run.tunables ?? {})
+      .map(([name, value]) => `${name}=${value === null ? 'off' : learningRateText(value)}`)
+      .join(', ');
+    this._lrInput.title =
+      'The learning rate: type a new one and press Enter to set it at the next batch' +
+      (values ? `\nNow: ${values}` : '');
   }
 
   private async _setLearningRate(): Promise<void> {
