@@ -560,3 +560,33 @@ def test_the_learning_rate_is_steered_from_the_side_panel_and_the_notebook_panel
     card.get_by_role("button", name="Stop", exact=True).click()
     page.wait_for_selector('.jp-TrainControl-run[data-run="nb-busy"][data-state="stopped"]', timeout=30_000)
     assert read_sidecar(record_of("nb-busy")["checkpoints"][-1])["tunables"] == {"learning_rate": 0.001}
+
+
+def test_notebook_7_shows_the_steering_controls_of_the_notebook_panel(jupyter, page, tmp_path):
+    server = jupyter("notebook")
+    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
+    (server.root / "train.ipynb").write_text(_notebook(cells))
+    page.goto(f"{server.url}/notebooks/train.ipynb?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    wait_idle(page)
+    run_cell(page, 0)
+    wait_idle(page)
+    run_cell(page, 1)
+    panel = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".traincontrol-panel.traincontrol-run-nb-busy")
+    field = panel.locator(".traincontrol-field.traincontrol-tunable-learning_rate input")
+    page.wait_for_function("(el) => el.value === '0.01'", arg=field.element_handle(timeout=60_000), timeout=60_000)
+    wait_idle(page)
+    panel.locator("button.traincontrol-command-save").click()
+    wait_until(lambda: record_of("nb-busy").get("checkpoints"), timeout=30, message="a checkpoint")
+    field.fill("0.003")
+    field.press("Enter")
+    wait_until(lambda: (record_of("nb-busy").get("tunables") or {}).get("learning_rate") == pytest.approx(0.003),
+               timeout=30, message="the learning rate set")
+    panel.locator("button.traincontrol-command-rollback:not([disabled])").wait_for()
+    screenshot(panel, "notebook7-notebook-panel-steering")
+    page.set_viewport_size({"width": 700, "height": 900})
+    screenshot(page, "notebook7-notebook-panel-steering-narrow")
+    panel.locator("button.traincontrol-command-stop").click()
+    wait_until(lambda: record_of("nb-busy").get("state") == "stopped", timeout=30, message="stopped")
+    assert [c["new"] for c in record_of("nb-busy")["changes"]] == [0.003]
