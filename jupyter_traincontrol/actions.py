@@ -4,7 +4,8 @@
 them out (the table is `commands.COMMAND_HELP`): ``save`` writes a
 checkpoint, ``stop`` writes one and ends `fit` the Keras way
 (``model.stop_training``), ``abort`` ends it without one, ``pause`` holds
-the thread until ``resume``, ``stop`` or ``abort``. Each request is then
+the thread until ``resume``, ``stop`` or ``abort``; ``set`` and
+``rollback`` are the fit's `steering.Steering`'s. Each request is then
 acknowledged in the run's record with its outcome (``applied``,
 ``ignored`` or ``failed``), and the record is published once for all the
 requests of a boundary. Saves asked for at one boundary are one checkpoint:
@@ -17,13 +18,16 @@ thread; a ``save`` is acknowledged once its checkpoint is committed).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .background_saves import BackgroundSaves
 from .checkpoint import TrainingPosition
 from .commands import Command, Request, RunState
 from .lifecycle import RunLifecycle
 from .resume import optimizer_step
+
+if TYPE_CHECKING:
+    from .steering import Steering
 
 __all__ = ["CommandActions", "FitProgress"]
 
@@ -88,10 +92,13 @@ class CommandActions:
         say: Prints one line for the user (or not, when quiet).
         save_in_background: Write ``save`` checkpoints on a writer thread
             from a host copy of the variables. Defaults to True.
+        steering: Carries out ``set`` and ``rollback`` and guards
+            checkpoints after a non-finite loss; without it, those two
+            commands are refused.
     """
 
     def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None],
-                 save_in_background: bool = True):
+                 save_in_background: bool = True, steering: "Steering | None" = None):
         self.model = model
         self.lifecycle = lifecycle
         self.progress = progress
@@ -99,15 +106,18 @@ class CommandActions:
         self.interrupted = False
         self._say = say
         self._channel = lifecycle.channel
+        self.steering = steering
         self.saves = BackgroundSaves(model, lifecycle, lambda: progress.position(model, lifecycle.steps),
                                      lambda: progress.boundary, say, background=save_in_background,
-                                     resume_state=progress.resume_state(model))
+                                     resume_state=progress.resume_state(model), guard=steering)
         self._actions: dict[Command, Callable[[Request], Outcome | None]] = {
             Command.SAVE: self._save,
             Command.STOP: self._stop,
             Command.ABORT: self._abort,
             Command.PAUSE: self._hold,
             Command.RESUME: lambda _request: self._ignored("The run is not paused; 'resume' ignored."),
+            Command.SET: self._set,
+            Command.ROLLBACK: self._rollback,
         }
 
     @property
@@ -186,6 +196,32 @@ class CommandActions:
             lifecycle.publish(force=True)  # the sender sees its ack now
             if self.ended_by is not None:
                 return
+
+    def _set(self, request: Request) -> Outcome:
+        if self.steering is None:
+            return "failed", "this callback does not steer (no model seen yet)"
+        return self.steering.set(request)
+
+    def _rollback(self, request: Request) -> Outcome:
+        if self.ended_by is not None:
+            return self._ignored(f"The run is stopping; '{request}' ignored.")
+        if self.steering is None:
+            return "failed", "this callback does not steer (no model seen yet)"
+        outcome = self.steering.rollback(request)
+        self.saves.model_changed()  # a save now is not the one just taken
+        return outcome
+
+    def stop_without_checkpoint(self) -> bool:
+        """Ends `fit` as ``stop`` does, but writes no checkpoint (the NaN
+        policy: the newest checkpoint stays the last finite one).
+
+        Returns:
+            False if the fit was ending already.
+        """
+        if self.ended_by is not None:
+            return False
+        self._end_fit(Command.STOP)
+        return True
 
     def _end_fit(self, command: Command) -> None:
         progress, steps = self.progress, self.lifecycle.steps

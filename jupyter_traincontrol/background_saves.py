@@ -23,17 +23,28 @@ thread, as ``model.save`` would be (no host copy: for short memory).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
-from typing import Callable
+from typing import Callable, ContextManager, Protocol
 
 from .checkpoint import Checkpoint, CheckpointError, CheckpointWriter, ModelSnapshot, TrainingPosition, sync_model_state
 from .commands import Request
 from .lifecycle import RunLifecycle
 
-__all__ = ["BackgroundSaves"]
+__all__ = ["BackgroundSaves", "SaveGuard"]
 
 Outcome = tuple[str, str]
+
+
+class SaveGuard(Protocol):
+    """What may refuse a checkpoint, and wraps taking one (`steering.Steering`)."""
+
+    def refuse_checkpoint(self) -> str | None:
+        """Why no checkpoint may be written now, or None."""
+
+    def saving(self) -> ContextManager[None]:
+        """Around taking a checkpoint of the model."""
 
 
 class BackgroundSaves:
@@ -51,12 +62,17 @@ class BackgroundSaves:
             to True.
         resume_state: Returns the sidecar's ``resume_state`` for a
             checkpoint at a position (called on the training thread).
+        guard: What may refuse a checkpoint and wraps taking one (the
+            steering of a run: after a non-finite loss no checkpoint of
+            non-finite weights is written; the model file gets the
+            optimizer as the user built it). None: no such guard.
     """
 
     def __init__(self, model, lifecycle: RunLifecycle, position: Callable[[], TrainingPosition],
                  boundary: Callable[[], int], say: Callable[..., None], background: bool = True,
-                 resume_state: Callable[[TrainingPosition], dict] | None = None):
+                 resume_state: Callable[[TrainingPosition], dict] | None = None, guard: "SaveGuard | None" = None):
         self.model = model
+        self._guard = guard
         self.lifecycle = lifecycle
         self.background = background
         self._position = position
@@ -91,6 +107,12 @@ class BackgroundSaves:
         self.lifecycle.log("info", merged[0].upper() + merged[1:])
         self.lifecycle.acknowledge(request, outcome, merged)
 
+    def model_changed(self) -> None:
+        """The model changed without training (a rollback): the next save is
+        a new checkpoint, even at this boundary."""
+        with self._lock:
+            self._taken_at = None
+
     @property
     def ready(self) -> bool:
         """True when saves wait and the writer is free (cheap)."""
@@ -108,12 +130,14 @@ class BackgroundSaves:
         sync_model_state(self.model)  # JAX: the variables (and optimizer.iterations) of this boundary
         position = self._position()
         self._taken_at, self._last_outcome = self._boundary(), None
-        if not self.background:
-            self._last_outcome = self._write_here(position, "save")
+        refused = self._refused("save")
+        if refused is not None or not self.background:
+            self._last_outcome = refused or self._write_here(position, "save")
             self._answer(requests, *self._last_outcome)
             return
         try:
-            snapshot = ModelSnapshot.take(self.model)
+            with self._guarded():
+                snapshot = ModelSnapshot.take(self.model)
         except Exception as error:
             self._last_outcome = self._failed(CheckpointError(f"Could not copy the model's state: {error}"))
             self._answer(requests, *self._last_outcome)
@@ -129,7 +153,7 @@ class BackgroundSaves:
             requests, self._waiting, self.due = self._waiting, [], False
         self._taken_at, self._last_outcome = self._boundary(), None
         sync_model_state(self.model)
-        outcome = self._last_outcome = self._write_here(self._position(), reason)
+        outcome = self._last_outcome = self._refused(reason) or self._write_here(self._position(), reason)
         self._answer(requests, *outcome)
         return outcome
 
@@ -150,17 +174,30 @@ class BackgroundSaves:
 
     # Writing -----------------------------------------------------------------
 
+    def _refused(self, reason: str) -> Outcome | None:
+        """The outcome of a checkpoint the guard refuses now, or None."""
+        refused = self._guard.refuse_checkpoint() if self._guard is not None else None
+        if refused is None:
+            return None
+        self.lifecycle.log("error", f"Checkpoint ({reason}) {refused}.")
+        self._say(f"Checkpoint ({reason}) {refused}.", stream=sys.stderr)
+        return "failed", f"checkpoint {refused}"
+
+    def _guarded(self):
+        return self._guard.saving() if self._guard is not None else contextlib.nullcontext()
+
     def _write_here(self, position: TrainingPosition, reason: str) -> Outcome:
         """Writes the model itself while the training thread waits."""
         sync_model_state(self.model)
         lifecycle = self.lifecycle
         try:
             resume_state = self._resume_state(position)
-            if self.background:  # flushing and pruning happen off the training thread
-                checkpoint = self._writer.write(self.model, position, reason, lifecycle.metrics, resume_state)
-            else:
-                checkpoint = lifecycle.store.save(self.model, position, reason=reason, metrics=lifecycle.metrics,
-                                                  run=lifecycle.name, resume_state=resume_state)
+            with self._guarded():
+                if self.background:  # flushing and pruning happen off the training thread
+                    checkpoint = self._writer.write(self.model, position, reason, lifecycle.metrics, resume_state)
+                else:
+                    checkpoint = lifecycle.store.save(self.model, position, reason=reason, metrics=lifecycle.metrics,
+                                                      run=lifecycle.name, resume_state=resume_state)
         except CheckpointError as error:
             return self._failed(error)
         return self._committed(checkpoint, position)

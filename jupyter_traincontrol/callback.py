@@ -1,4 +1,4 @@
-"""`ControlCallback`: a Keras callback that obeys stop, save, abort, pause, resume.
+"""`ControlCallback`: a Keras callback that obeys stop, save, abort, pause, resume, set, rollback.
 
 It works in any script, without Jupyter::
 
@@ -36,7 +36,10 @@ from .commands import Command, Request, RunState
 from .fit_watchdog import FitWatchdog
 from .interrupt import SigintGuard
 from .lifecycle import RunLifecycle
+from .nan_policy import DEFAULT_MAX_ROLLBACKS, NanPolicy, check_policy
 from .resume import Resumption, optimizer_step, resume_from_latest
+from .steering import Steering
+from .tunables import check_user_tunables
 
 __all__ = ["ControlCallback"]
 
@@ -76,6 +79,17 @@ class ControlCallback(keras.callbacks.Callback):
             merged into the next). Costs one host copy of the model's and
             optimizer's variables while a write is in flight. False: write
             on the training thread (no copy). Defaults to True.
+        tunables: Names to Keras variables the model reads (a dropout
+            rate, a loss weight) that ``set NAME=VALUE`` may change, next to
+            the optimizer's hyperparameters. Defaults to none.
+        on_nan: What a batch whose loss is not finite does: ``"stop"``
+            (end `fit` without a checkpoint: the newest one stays the last
+            finite one), ``"rollback"`` (load the newest checkpoint, halve
+            the learning rate, go on; at most `nan_rollbacks` times, then
+            stop) or ``"ignore"``. Whatever the policy, no checkpoint of
+            non-finite weights is ever written. Defaults to ``"stop"``.
+        nan_rollbacks: Rollbacks ``on_nan="rollback"`` makes in one `fit`
+            before it stops. Defaults to 3.
 
     Example:
 
@@ -97,8 +111,14 @@ class ControlCallback(keras.callbacks.Callback):
         lifecycle: RunLifecycle | None = None,
         channel_kind: str | None = None,
         save_in_background: bool = True,
+        tunables: dict | None = None,
+        on_nan: str = "stop",
+        nan_rollbacks: int = DEFAULT_MAX_ROLLBACKS,
     ):
         super().__init__()
+        self.tunables = check_user_tunables(tunables)
+        self.on_nan = check_policy(on_nan, nan_rollbacks)
+        self.nan_rollbacks = nan_rollbacks
         self.resume = bool(resume)
         self.handle_sigint = handle_sigint
         self.verbose = verbose
@@ -151,6 +171,8 @@ class ControlCallback(keras.callbacks.Callback):
     def _reset(self) -> None:
         self._progress = FitProgress()
         self._actions: CommandActions | None = None
+        self._steering: Steering | None = None
+        self._nan_policy: NanPolicy | None = None
         self._interrupted = False
         self._in_fit = False
         self._resumption: Resumption | None = None
@@ -168,8 +190,7 @@ class ControlCallback(keras.callbacks.Callback):
             elif not lifecycle.is_open:
                 raise RuntimeError(f"The RunLifecycle given for run {lifecycle.name!r} is not open.")
             self._in_fit = True
-            self._actions = CommandActions(self.model, lifecycle, self._progress, self._say,
-                                           save_in_background=self.save_in_background)
+            self._actions = self._make_actions()
             lifecycle.epochs = self.params.get("epochs")
             lifecycle.steps = self.params.get("steps")
             self._watchdog = FitWatchdog(self.model, self._on_fit_lost)
@@ -181,6 +202,7 @@ class ControlCallback(keras.callbacks.Callback):
         except BaseException as error:
             self._finish(RunState.FAILED, f"Could not start: {error}")
             raise
+        self._begin_steering()
         if self.handle_sigint:
             self._sigint = SigintGuard(self._on_first_sigint, self._on_second_sigint)
             self._sigint.install()
@@ -211,8 +233,11 @@ class ControlCallback(keras.callbacks.Callback):
         lifecycle = self.lifecycle
         lifecycle.step = progress.step
         lifecycle.metrics = logs or lifecycle.metrics
-        lifecycle.loss_curve.add(logs.get("loss") if logs else None)
+        loss = logs.get("loss") if logs else None
+        lifecycle.loss_curve.add(loss)
         lifecycle.touch()
+        if loss is not None and loss - loss != 0:  # NaN or infinite (Keras made it a float already)
+            self._on_non_finite_loss(loss, batch)
         if self._actions.pending:
             self._actions.apply_pending(mid_epoch=True)
 
@@ -225,6 +250,8 @@ class ControlCallback(keras.callbacks.Callback):
         lifecycle = self.lifecycle
         if lifecycle.steps is None and not self._progress.stopped_mid_epoch:
             lifecycle.steps = self._progress.step  # learned from the first full epoch
+        if self._steering is not None and logs is not None:
+            self._steering.add_to_logs(logs)  # as ReduceLROnPlateau does: History keeps them
         lifecycle.record_epoch(epoch, logs)
         if logs:
             lifecycle.metrics = dict(logs)
@@ -233,6 +260,26 @@ class ControlCallback(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         final = {Command.ABORT: RunState.ABORTED, Command.STOP: RunState.STOPPED}.get(self.ended_by, RunState.FINISHED)
         self._finish(final)
+
+    # Steering: set, rollback, on_nan ------------------------------------------
+
+    def _make_actions(self) -> CommandActions:
+        lifecycle = self.lifecycle
+        self._steering = Steering(self.model, lifecycle, self._progress, self._say, self.tunables)
+        actions = CommandActions(self.model, lifecycle, self._progress, self._say,
+                                 save_in_background=self.save_in_background, steering=self._steering)
+        self._nan_policy = NanPolicy(
+            self.on_nan, self._steering, actions.stop_without_checkpoint, self._say, self.nan_rollbacks
+        )
+        return actions
+
+    def _begin_steering(self) -> None:
+        resumed = self._resumption.checkpoint if self._resumption is not None else None
+        self._steering.begin(resumed)
+
+    def _on_non_finite_loss(self, loss, batch: int) -> None:
+        if self._in_fit and self._nan_policy is not None:
+            self._nan_policy.on_non_finite(loss, self._progress.epoch, batch)
 
     # Resume ----------------------------------------------------------------
 

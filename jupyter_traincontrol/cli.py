@@ -3,10 +3,15 @@
 Also reachable as ``jupyter traincontrol``. It reads run records and writes
 FIFOs only, and never imports Keras, so it answers in milliseconds.
 
-Exit codes: 0 done; 2 bad usage or unknown command; 3 no such run; 4 the
-run no longer listens (it ended, or its process is gone, also while
-``--wait`` waited); 5 the command could not be delivered; 6 the run could
-not carry the command out (``--wait``: a save that could not be written);
+A command may be one argument or several words: ``send mnist "set lr=1e-4"``
+and ``send mnist set lr=1e-4`` are the same.
+
+Exit codes: 0 done; 2 bad usage or unknown command (also a ``set`` or
+``rollback`` whose arguments are not valid); 3 no such run; 4 the run no
+longer listens (it ended, or its process is gone, also while ``--wait``
+waited); 5 the command could not be delivered; 6 the run could not carry
+the command out (``--wait``: a save that could not be written, a ``set``
+this optimizer refuses, a ``rollback`` to a checkpoint it does not have);
 7 ``--wait`` timed out before the run acknowledged the command.
 """
 
@@ -55,10 +60,15 @@ def _loss(metrics: Any) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else "nan"  # NaN and infinities are null in JSON
 
 
+def _learning_rate(tunables: Any) -> str:
+    value = tunables.get("learning_rate") if isinstance(tunables, dict) else None
+    return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
 def format_table(records: Sequence[dict[str, Any]], now: float | None = None) -> str:
     """Renders run records as an aligned text table."""
     now = time.time() if now is None else now
-    rows = [("NAME", "STATE", "EPOCH", "STEP", "LOSS", "AGE", "WHERE")]
+    rows = [("NAME", "STATE", "EPOCH", "STEP", "LOSS", "LR", "AGE", "WHERE")]
     for record in records:
         rows.append(
             (
@@ -67,6 +77,7 @@ def format_table(records: Sequence[dict[str, Any]], now: float | None = None) ->
                 _fraction(record.get("epoch"), record.get("epochs")),
                 _fraction(record.get("step"), record.get("steps")),
                 _loss(record.get("metrics")),
+                _learning_rate(record.get("tunables")),
                 _age(record.get("started"), now),
                 f"{record.get('origin') or '-'} (pid {record.get('pid')})",
             )
@@ -88,7 +99,7 @@ def _command_list(args: argparse.Namespace) -> int:
 
 def _command_send(args: argparse.Namespace) -> int:
     try:
-        request = send(args.name, args.command)
+        request = send(args.name, " ".join(args.command), sender="cli")
     except UnknownCommandError as error:
         return _fail(str(error), EXIT_USAGE)
     except RunNotFoundError as error:
@@ -132,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``jupyter-traincontrol``."""
     parser = argparse.ArgumentParser(
         prog="jupyter-traincontrol",
-        description="List Keras training runs and stop, save, abort, pause or resume them.",
+        description="List Keras training runs; stop, save, abort, pause, resume, steer (set lr=...) or roll them back.",
         epilog=__doc__.split("\n\n", 2)[2],
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -152,11 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="send a command to a run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Send one command to a run; it acts at the run's next batch boundary.\n\n"
-        + "\n".join(f"  {command.value:<7} {text}" for command, text in COMMAND_HELP.items()),
+        + "\n".join(f"  {command.value:<9} {text}" for command, text in COMMAND_HELP.items()),
         epilog=__doc__.split("\n\n", 2)[2],
     )
     send_parser.add_argument("name", help="the run's name, as `list` shows it")
-    send_parser.add_argument("command", metavar="command", help=f"one of: {', '.join(COMMAND_NAMES)}")
+    send_parser.add_argument(
+        "command", nargs="+", metavar="command",
+        help=f"one of: {', '.join(COMMAND_NAMES)}, with its arguments (set lr=1e-4, rollback 2)",
+    )
     send_parser.add_argument(
         "--wait", nargs="?", type=_seconds, const=60.0, default=None, metavar="SECONDS",
         help="wait until the run has acknowledged the command (default at most 60 s)",

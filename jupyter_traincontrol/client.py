@@ -45,13 +45,15 @@ class CommandFailedError(RuntimeError):
     could not be written, say)."""
 
 
-def send(name: str, command: str | Command | Request) -> Request:
+def send(name: str, command: str | Command | Request, sender: str | None = None) -> Request:
     """Sends `command` to the listed run called `name`, with a fresh request id.
 
     Args:
         name: The run's name, as `jupyter-traincontrol list` shows it.
-        command: One of ``stop``, ``save``, ``abort``, ``pause``, ``resume``
-            (a word, a `Command` or a `Request`).
+        command: A command line (``stop``, ``save``, ``set lr=1e-4``,
+            ``rollback 2``, ...), a `Command` or a `Request`.
+        sender: A short word saying who sends (``cli``, ``rest``): the
+            fresh id starts with it, so the run's change log says who.
 
     Returns:
         The request delivered; `wait_for_ack` follows it by its id.
@@ -65,7 +67,8 @@ def send(name: str, command: str | Command | Request) -> Request:
     """
     request = parse_request(command)
     if request.request_id is None:
-        request = dataclasses.replace(request, request_id=uuid.uuid4().hex[:12])
+        prefix = f"{sender[:12]}-" if sender else ""
+        request = dataclasses.replace(request, request_id=prefix + uuid.uuid4().hex[:12])
     record = find_run(name)
     address = channel_address(record)
     if not record.get("live", True):

@@ -14,13 +14,16 @@ Example:
 >>> decoder.feed(b"sto")
 []
 >>> decoder.feed(b"p\\nbogus\\n")
-[Request(command=<Command.STOP: 'stop'>, args=(), request_id=None), Rejected(text='bogus', reason="Unknown command 'bogus'. Expected one of: stop, save, abort, pause, resume.")]
+[Request(command=<Command.STOP: 'stop'>, args=(), request_id=None), Rejected(text='bogus', reason="Unknown command 'bogus'. Expected one of: stop, save, abort, pause, resume, set, rollback.")]
+>>> parse_request("set lr=1e-4 #a1")
+Request(command=<Command.SET: 'set'>, args=('learning_rate=0.0001',), request_id='a1')
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 
 __all__ = [
@@ -38,6 +41,12 @@ __all__ = [
     "parse_command",
     "parse_request",
     "MAX_LINE_BYTES",
+    "OPTIMIZER_HYPERPARAMETERS",
+    "TUNABLE_ALIASES",
+    "MAX_ROLLBACK_DEPTH",
+    "assignments",
+    "rollback_depth",
+    "validate_tunable_name",
 ]
 
 #: Longest line the decoder accepts. Longer lines are rejected whole.
@@ -58,6 +67,12 @@ class Command(str, enum.Enum):
     """Hold the training thread until `resume`, `stop` or `abort`."""
     RESUME = "resume"
     """Let a paused run go on."""
+    SET = "set"
+    """Change optimizer hyperparameters or user tunables (``set lr=1e-4``);
+    without arguments, report their values."""
+    ROLLBACK = "rollback"
+    """Load the run's N-th newest checkpoint (``rollback [N]``) into the live
+    model and optimizer, and train on from there."""
 
     def __str__(self) -> str:
         return self.value
@@ -77,7 +92,21 @@ COMMAND_HELP: dict[Command, str] = {
     Command.ABORT: "end fit gracefully, without a checkpoint",
     Command.PAUSE: "hold the training thread (save, stop and abort still act)",
     Command.RESUME: "let a paused run go on",
+    Command.SET: "set KEY=VALUE ...: change the learning rate (lr), other optimizer hyperparameters or "
+    "exposed tunables at the next batch; alone: show them",
+    Command.ROLLBACK: "rollback [N]: load the N-th newest checkpoint (default 1) into the live model and train on",
 }
+
+#: The optimizer hyperparameters `set` knows (where the optimizer has them).
+OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "weight_decay", "momentum", "beta_1", "beta_2", "clipnorm", "clipvalue")
+#: Short names `set` accepts for them.
+TUNABLE_ALIASES = {"lr": "learning_rate"}
+#: The deepest `rollback N` accepted (a run keeps far fewer checkpoints).
+MAX_ROLLBACK_DEPTH = 1000
+_MAX_ASSIGNMENTS = 16
+_TUNABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_NUMBER = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
+_DEPTH = re.compile(r"^[0-9]{1,4}$")
 
 
 class RunState(str, enum.Enum):
@@ -107,8 +136,8 @@ FINAL_STATES = frozenset(RunState) - ACTIVE_STATES
 
 _ALLOWED: dict[RunState, tuple[Command, ...]] = {
     RunState.STARTING: (Command.STOP, Command.ABORT),
-    RunState.RUNNING: (Command.SAVE, Command.STOP, Command.ABORT, Command.PAUSE),
-    RunState.PAUSED: (Command.SAVE, Command.STOP, Command.ABORT, Command.RESUME),
+    RunState.RUNNING: (Command.SAVE, Command.STOP, Command.ABORT, Command.PAUSE, Command.SET, Command.ROLLBACK),
+    RunState.PAUSED: (Command.SAVE, Command.STOP, Command.ABORT, Command.RESUME, Command.SET, Command.ROLLBACK),
     RunState.STOPPING: (Command.ABORT,),
 }
 
@@ -189,7 +218,9 @@ class Request:
 
     Attributes:
         command: The command.
-        args: Its arguments (none for the commands of today).
+        args: Its arguments: ``KEY=VALUE`` words for ``set`` (canonical:
+            aliases resolved, values as Python writes the number), the depth
+            for ``rollback``; none for the other commands.
         request_id: 1-32 letters, digits, ``_`` or ``-``; or None.
     """
 
@@ -238,11 +269,76 @@ def parse_request(text: str | Command | Request) -> Request:
         if not words:
             raise UnknownCommandError(f"A request id without a command. Expected one of: {', '.join(COMMAND_NAMES)}.")
     command = parse_command(words[0])
+    parse_args = _ARGUMENTS.get(command)
+    if parse_args is not None:
+        return Request(command, parse_args(words[1:]), request_id)
     if len(words) > 1:
         raise UnknownCommandError(
             f"'{command}' takes no arguments, got {_shorten(' '.join(words[1:]))!r}."
         )
     return Request(command, (), request_id)
+
+
+def validate_tunable_name(name: str) -> str:
+    """Checks the name of a value `set` may change; returns it (aliases resolved).
+
+    Raises:
+        UnknownCommandError: If `name` is not 1-64 letters, digits or ``_``
+            (not starting with a digit).
+    """
+    if not isinstance(name, str) or not _TUNABLE_NAME.match(name):
+        raise UnknownCommandError(
+            f"Invalid name {_shorten(str(name))!r}: expected 1-64 letters, digits or '_', not starting with a digit."
+        )
+    return TUNABLE_ALIASES.get(name, name)
+
+
+def _set_args(words: list[str]) -> tuple[str, ...]:
+    """``KEY=VALUE`` words, checked and made canonical (``lr=1e-4`` -> ``learning_rate=0.0001``)."""
+    if len(words) > _MAX_ASSIGNMENTS:
+        raise UnknownCommandError(f"'set' takes at most {_MAX_ASSIGNMENTS} KEY=VALUE pairs, got {len(words)}.")
+    canonical: dict[str, float] = {}
+    for word in words:
+        key, equals, text = word.partition("=")
+        if not equals or not key:
+            raise UnknownCommandError(f"'set' takes KEY=VALUE pairs (set lr=1e-4), got {_shorten(word)!r}.")
+        key = validate_tunable_name(key)
+        if key in canonical:
+            raise UnknownCommandError(f"'set' got {key!r} twice; give each name once.")
+        canonical[key] = _finite_number(key, text)
+    return tuple(f"{key}={value!r}" for key, value in canonical.items())
+
+
+def _finite_number(key: str, text: str) -> float:
+    value = float(text) if _NUMBER.match(text) else None
+    if value is None or not math.isfinite(value):
+        raise UnknownCommandError(f"'set {key}=' takes a finite number (like 0.001 or 1e-4), got {_shorten(text)!r}.")
+    return value
+
+
+def _rollback_args(words: list[str]) -> tuple[str, ...]:
+    if not words:
+        return ()
+    if len(words) > 1 or not _DEPTH.match(words[0]) or not 1 <= int(words[0]) <= MAX_ROLLBACK_DEPTH:
+        raise UnknownCommandError(
+            f"'rollback' takes one optional number N from 1 (the newest checkpoint) to {MAX_ROLLBACK_DEPTH}, "
+            f"got {_shorten(' '.join(words))!r}."
+        )
+    return (str(int(words[0])),)
+
+
+_ARGUMENTS = {Command.SET: _set_args, Command.ROLLBACK: _rollback_args}
+
+
+def assignments(request: Request) -> dict[str, float]:
+    """The ``name -> value`` pairs of a parsed ``set`` request, in order."""
+    pairs = (arg.partition("=") for arg in request.args)
+    return {key: float(value) for key, _, value in pairs}
+
+
+def rollback_depth(request: Request) -> int:
+    """N of a parsed ``rollback [N]`` request: 1 is the newest checkpoint."""
+    return int(request.args[0]) if request.args else 1
 
 
 def _shorten(text: str, limit: int = 40) -> str:

@@ -119,6 +119,8 @@ class RunLifecycle:
         self.metrics: dict[str, float] = {}
         self.epoch_history: list[dict[str, Any]] = []
         self.loss_curve = LossCurve()  # the loss of every batch, for charts (fed by the callback)
+        self.tunables: dict[str, float | None] = {}  # what `set` can change, and its current values
+        self.changes: list[dict[str, Any]] = []  # what set, rollback and the NaN policy changed
         self._progress_version = 0
         self._published_version = -1
         self._last_publish = 0.0
@@ -378,6 +380,8 @@ class RunLifecycle:
             "metrics": _finite_numbers(self.metrics),
             "history": [_finite_numbers(entry) for entry in self.epoch_history[-200:]],
             "loss_curve": self.loss_curve.points(),
+            "tunables": dict(self.tunables),
+            "changes": [dict(change) for change in self.changes],
             "events": list(self.events)[-20:],
             "acks": [dict(ack, ids=list(ack["ids"])) for ack in list(self.acks)],
             "error": self.error,

@@ -122,6 +122,7 @@ class Resumption:
         message: One line for the run's log (where it resumed, or that
             there was nothing to resume from).
         resumed: True if a checkpoint was loaded.
+        checkpoint: The checkpoint loaded, or None.
     """
 
     def __init__(self, model, *, epoch: int = 0, message: str, resumed: bool):
@@ -129,6 +130,7 @@ class Resumption:
         self.epoch = epoch
         self.message = message
         self.resumed = resumed
+        self.checkpoint = None
         self._saved_initial_epoch: tuple[Any] | None = None
         self._skipper: BatchSkipper | None = None
 
@@ -168,6 +170,7 @@ def resume_from_latest(
         return Resumption(model, message=f"No checkpoint in {store.directory} {found}: starting from scratch.", resumed=False)
     position = latest.position
     resumption = Resumption(model, epoch=position.resume_epoch, message="", resumed=True)
+    resumption.checkpoint = latest
     resumption._saved_initial_epoch = (getattr(model, "_initial_epoch", None),)
     model._initial_epoch = position.resume_epoch
     skipped = ""

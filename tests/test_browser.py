@@ -264,6 +264,12 @@ def test_notebook_7_view_menu_pause_resume_and_palette_commands(jupyter, page, t
     card = page.locator(f'{PANEL} .jp-TrainControl-run[data-run="nb7-run"]')
     card.wait_for()
     assert card.get_attribute("data-state") == "running"
+    lr = card.locator(".jp-TrainControl-lrInput")
+    wait_until(lambda: lr.input_value() == "0.01", timeout=10, message="the card's learning rate")
+    lr.fill("5e-3")
+    lr.press("Enter")
+    wait_until(lambda: lr.input_value() == "0.005", timeout=10, message="the learning rate set")
+    screenshot(card, "notebook7-card-learning-rate")
 
     card.get_by_role("button", name="Pause", exact=True).click()
     page.wait_for_selector('.jp-TrainControl-run[data-run="nb7-run"][data-state="paused"]')
@@ -398,7 +404,7 @@ def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page,
     idle_output.locator("button.widget-button", has_text="Stop").wait_for()
     wait_idle(page)
     labels = [button.inner_text().strip() for button in idle_output.locator("button.widget-button").all()]
-    assert labels == ["Save", "Stop", "Abort", "Pause"], labels
+    assert labels == ["Save", "Stop", "Abort", "Pause", "Rollback"], labels
     idle_output.locator("button.widget-button", has_text="Stop").click()
     page.wait_for_selector('.jp-TrainControl-run[data-run="nb-idle"][data-state="stopped"]', timeout=30_000)
     (checkpoint,) = [item.get_attribute("data-path") for item in idle_card.locator(".jp-TrainControl-checkpoint").all()]
@@ -485,3 +491,99 @@ def test_notebook_panel_buttons_act_at_once_while_the_kernel_is_busy(jupyter, pa
     page.locator(".jp-Notebook .jp-Cell").nth(4).locator(".jp-OutputArea-output").get_by_text("wait cell done", exact=True).wait_for(timeout=30_000)
     wait_idle(page, timeout=30)
     screenshot(page, "notebook-wait-run-stopped")
+
+
+def test_the_learning_rate_is_steered_from_the_side_panel_and_the_notebook_panel(jupyter, page, tmp_path):
+    server = jupyter("lab")
+    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
+    (server.root / "train.ipynb").write_text(_notebook(cells))
+    page.goto(f"{server.url}/lab/tree/train.ipynb?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    wait_idle(page)
+    run_cell(page, 0)
+    wait_idle(page)
+    run_cell(page, 1)
+    panel = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".traincontrol-panel.traincontrol-run-nb-busy")
+    field = panel.locator(".traincontrol-field.traincontrol-tunable-learning_rate input")
+    page.wait_for_function("(el) => el.value === '0.01'", arg=field.element_handle(timeout=60_000), timeout=60_000)
+    wait_idle(page)
+
+    # The side panel: the run's card shows the learning rate; Enter sets it.
+    page.locator(PANEL_TAB).click()
+    card = page.locator(f'{PANEL} .jp-TrainControl-run[data-run="nb-busy"]')
+    card_lr = card.locator(".jp-TrainControl-lrInput")
+    card_lr.wait_for()
+    wait_until(lambda: card_lr.input_value() == "0.01", timeout=10, message="the card's learning rate")
+    screenshot(card, "side-panel-card-learning-rate")
+    card_lr.fill("0.002")
+    card_lr.press("Enter")
+    seconds = timed(lambda: (record_of("nb-busy").get("tunables") or {}).get("learning_rate") == pytest.approx(0.002),
+                    30, "the learning rate set from the side panel")
+    print(f"set lr from the side panel: in the record after {seconds:.2f} s")
+    change = record_of("nb-busy")["changes"][-1]
+    assert change["by"].startswith("'set learning_rate=0.002' #rest-") and change["old"] == pytest.approx(0.01)
+    card.locator(".jp-TrainControl-feedback", has_text="Sent set learning_rate=0.002").wait_for()
+    # The notebook panel shows the new value too (the kernel updates its widget).
+    page.wait_for_function("(el) => el.value === '0.002'", arg=field.element_handle(), timeout=10_000)
+    screenshot(panel, "notebook-panel-learning-rate")
+
+    # While the kernel is busy, the notebook panel's field and Rollback go through the server.
+    run_cell(page, 2)
+    wait_until(lambda: kernel_state(page) == "connected/busy", timeout=10, message="a busy kernel")
+    page.locator(".traincontrol-panel.traincontrol-run-nb-busy.traincontrol-direct").wait_for()
+    field.fill("0.001")
+    field.press("Enter")
+    seconds = timed(lambda: (record_of("nb-busy").get("tunables") or {}).get("learning_rate") == pytest.approx(0.001),
+                    30, "the learning rate set from the notebook panel")
+    print(f"set lr from the notebook panel, kernel busy: in the record after {seconds:.2f} s")
+    assert seconds < PROMPT_SECONDS + 1
+    field.blur()  # the widget's own sync is held back: the value is sent once
+    panel.locator("button.traincontrol-command-save").click()
+    wait_until(lambda: record_of("nb-busy").get("checkpoints"), timeout=30, message="a checkpoint")
+    assert [c["new"] for c in record_of("nb-busy")["changes"]] == [0.002, 0.001]
+    panel.locator("button.traincontrol-command-rollback").click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.get_by_text("Roll back nb-busy?").wait_for()
+    screenshot(page, "notebook-panel-rollback-confirm")
+    dialog.get_by_role("button", name="Roll back").click()
+    wait_until(lambda: any(c["name"] == "rollbacks" for c in record_of("nb-busy")["changes"]), timeout=30,
+               message="the rollback")
+    assert record_of("nb-busy")["tunables"]["learning_rate"] == pytest.approx(0.001)  # steered values stay
+
+    page.set_viewport_size({"width": 760, "height": 900})  # narrow
+    screenshot(page, "steering-narrow")
+    screenshot(card, "side-panel-card-learning-rate-narrow")
+    card.get_by_role("button", name="Stop", exact=True).click()
+    page.wait_for_selector('.jp-TrainControl-run[data-run="nb-busy"][data-state="stopped"]', timeout=30_000)
+    assert read_sidecar(record_of("nb-busy")["checkpoints"][-1])["tunables"] == {"learning_rate": 0.001}
+
+
+def test_notebook_7_shows_the_steering_controls_of_the_notebook_panel(jupyter, page, tmp_path):
+    server = jupyter("notebook")
+    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
+    (server.root / "train.ipynb").write_text(_notebook(cells))
+    page.goto(f"{server.url}/notebooks/train.ipynb?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    wait_idle(page)
+    run_cell(page, 0)
+    wait_idle(page)
+    run_cell(page, 1)
+    panel = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".traincontrol-panel.traincontrol-run-nb-busy")
+    field = panel.locator(".traincontrol-field.traincontrol-tunable-learning_rate input")
+    page.wait_for_function("(el) => el.value === '0.01'", arg=field.element_handle(timeout=60_000), timeout=60_000)
+    wait_idle(page)
+    panel.locator("button.traincontrol-command-save").click()
+    wait_until(lambda: record_of("nb-busy").get("checkpoints"), timeout=30, message="a checkpoint")
+    field.fill("0.003")
+    field.press("Enter")
+    wait_until(lambda: (record_of("nb-busy").get("tunables") or {}).get("learning_rate") == pytest.approx(0.003),
+               timeout=30, message="the learning rate set")
+    panel.locator("button.traincontrol-command-rollback:not([disabled])").wait_for()
+    screenshot(panel, "notebook7-notebook-panel-steering")
+    page.set_viewport_size({"width": 700, "height": 900})
+    screenshot(page, "notebook7-notebook-panel-steering-narrow")
+    panel.locator("button.traincontrol-command-stop").click()
+    wait_until(lambda: record_of("nb-busy").get("state") == "stopped", timeout=30, message="stopped")
+    assert [c["new"] for c in record_of("nb-busy")["changes"]] == [0.003]

@@ -28,8 +28,29 @@ def test_list_prints_a_readable_table(live_run, capsys):
     code, out, _ = run_main(capsys, "list")
     assert code == 0
     header, row = out.strip().splitlines()
-    assert header.split() == ["NAME", "STATE", "EPOCH", "STEP", "LOSS", "AGE", "WHERE"]
-    assert row.split()[:6] == ["alpha", "running", "3/20", "7/50", "0.2135", "0s"]
+    assert header.split() == ["NAME", "STATE", "EPOCH", "STEP", "LOSS", "LR", "AGE", "WHERE"]
+    assert row.split()[:7] == ["alpha", "running", "3/20", "7/50", "0.2135", "-", "0s"]
+
+
+def test_list_shows_the_learning_rate(live_run, capsys):
+    live_run.tunables = {"learning_rate": 0.00012345, "beta_1": 0.9}
+    live_run.publish(force=True)
+    _, out, _ = run_main(capsys, "list")
+    assert out.strip().splitlines()[1].split()[5] == "0.000123"
+
+
+def test_send_takes_a_command_as_one_argument_or_as_words(live_run, capsys):
+    assert run_main(capsys, "send", "alpha", "set lr=1e-4")[:2] == (0, "Sent set learning_rate=0.0001 to alpha.\n")
+    assert run_main(capsys, "send", "alpha", "set", "lr=1e-4", "beta_1=0.8")[0] == 0
+    assert run_main(capsys, "send", "alpha", "rollback", "2")[0] == 0
+    first, second, third = (live_run.channel.get(5) for _ in range(3))
+    assert first.args == ("learning_rate=0.0001",) and first.request_id.startswith("cli-")
+    assert second.args == ("learning_rate=0.0001", "beta_1=0.8")
+    assert (third.command, third.args) == (Command.ROLLBACK, ("2",))
+    code, out, err = run_main(capsys, "send", "alpha", "set", "lr=fast")
+    assert (code, out) == (2, "")
+    assert err == "jupyter-traincontrol: error: 'set learning_rate=' takes a finite number (like 0.001 or 1e-4), got 'fast'.\n"
+    assert not live_run.channel.pending
 
 
 def test_list_json_has_the_documented_fields(live_run, capsys):
@@ -55,7 +76,7 @@ def test_send_delivers_through_the_fifo(live_run, capsys):
 @pytest.mark.parametrize(
     "argv, code, message",
     [
-        (["send", "alpha", "frobnicate"], 2, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume."),
+        (["send", "alpha", "frobnicate"], 2, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume, set, rollback."),
         (["send", "nobody", "stop"], 3, "No run named 'nobody'. Runs listed: alpha."),
     ],
 )
@@ -91,7 +112,7 @@ def test_help_on_each_verb():
         assert "usage: jupyter-traincontrol" in result.stdout
     help_text = cli("send", "--help").stdout
     for command, text in COMMAND_HELP.items():  # the vocabulary's one help table
-        assert f"{command.value:<7} {text}" in help_text
+        assert f"{command.value:<9} {text}" in " ".join(help_text.split("\n        "))  # argparse may wrap
 
 
 def test_jupyter_traincontrol_subcommand_works():
@@ -124,6 +145,29 @@ def test_cli_stops_a_training_script(tmp_path):
     # The process is gone: its record goes with it.
     assert json.loads(cli("list", "--json").stdout) == []
     assert cli("send", "script", "stop").returncode == 3
+
+
+def test_cli_steers_a_training_script(tmp_path):
+    training = TrainingProcess("--name", "steer", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200")
+    changed = cli("send", "steer", "set", "lr=1e-4", "--wait", "30")
+    assert changed.returncode == 0, changed.stderr
+    assert changed.stdout.startswith("Sent set learning_rate=0.0001 to steer: learning_rate 0.01 -> 0.0001")
+    refused = cli("send", "steer", "set momentum=0.9", "--wait", "30")
+    assert refused.returncode == 6
+    assert "Cannot set momentum: not an optimizer hyperparameter Adam has. Can set: learning_rate (lr)" in refused.stderr
+    assert cli("send", "steer", "rollback", "--wait", "30").returncode == 6  # no checkpoint yet
+    assert cli("send", "steer", "save", "--wait", "30").returncode == 0
+    rolled = cli("send", "steer", "rollback", "--wait", "30")
+    assert rolled.returncode == 0, rolled.stderr
+    assert "rolled back to ckpt-000001-" in rolled.stdout
+    assert "0.0001" in cli("list").stdout.splitlines()[1].split()
+    record = json.loads(cli("list", "--json").stdout)[0]
+    assert [c["name"] for c in record["changes"]] == ["learning_rate", "rollbacks"]
+    assert record["changes"][0]["by"].startswith("'set learning_rate=0.0001' #cli-")
+    assert cli("send", "steer", "stop").returncode == 0
+    code, result, err = training.finish()
+    assert code == 0, err
+    assert read_sidecar(result["checkpoints"][-1])["tunables"] == {"learning_rate": 0.0001}
 
 
 def test_echo_into_the_fifo_stops_a_training_script(tmp_path):

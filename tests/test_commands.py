@@ -23,8 +23,8 @@ from jupyter_traincontrol.commands import (
 )
 
 
-def test_vocabulary_is_exactly_the_five_commands():
-    assert COMMAND_NAMES == ("stop", "save", "abort", "pause", "resume")
+def test_vocabulary_is_exactly_the_seven_commands():
+    assert COMMAND_NAMES == ("stop", "save", "abort", "pause", "resume", "set", "rollback")
 
 
 @pytest.mark.parametrize("text", ["stop", " STOP\n", "Stop\r\n", "\tstop "])
@@ -36,7 +36,7 @@ def test_unknown_command_names_what_was_received_and_what_is_expected():
     with pytest.raises(UnknownCommandError) as info:
         parse_command("frobnicate")
     assert str(info.value) == (
-        "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume."
+        "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume, set, rollback."
     )
 
 
@@ -57,7 +57,7 @@ def test_decoder_skips_blank_lines_and_reports_garbage_then_goes_on():
     decoder = LineDecoder()
     results = decoder.feed(b"\n\nhello\nstop\n")
     assert results[0] == Rejected(
-        text="hello", reason="Unknown command 'hello'. Expected one of: stop, save, abort, pause, resume."
+        text="hello", reason="Unknown command 'hello'. Expected one of: stop, save, abort, pause, resume, set, rollback."
     )
     assert results[1:] == [Request(Command.STOP)]
 
@@ -138,8 +138,12 @@ def test_malformed_requests_are_clear_errors(line, message):
 def test_one_help_table_and_states_that_say_what_applies():
     assert set(COMMAND_HELP) == set(Command)
     assert ACTIVE_STATES | FINAL_STATES == set(RunState) and not ACTIVE_STATES & FINAL_STATES
-    assert allowed_commands("running") == (Command.SAVE, Command.STOP, Command.ABORT, Command.PAUSE)
-    assert allowed_commands(RunState.PAUSED) == (Command.SAVE, Command.STOP, Command.ABORT, Command.RESUME)
+    assert allowed_commands("running") == (
+        Command.SAVE, Command.STOP, Command.ABORT, Command.PAUSE, Command.SET, Command.ROLLBACK
+    )
+    assert allowed_commands(RunState.PAUSED) == (
+        Command.SAVE, Command.STOP, Command.ABORT, Command.RESUME, Command.SET, Command.ROLLBACK
+    )
     assert allowed_commands("stopping") == (Command.ABORT,)  # a second interrupt while stopping aborts
     assert allowed_commands("finished") == () and allowed_commands("no such state") == ()
 
@@ -153,3 +157,46 @@ def test_any_bytes_in_any_chunks_never_raise_and_whole_commands_after_them_arriv
     assert all(isinstance(result, (Request, Rejected)) for result in results)
     tail = [r.command.value for r in results[len(results) - len(words):]] if words else []
     assert tail == list(words)
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("set", Request(Command.SET)),
+        ("SET lr=1e-4 #a1", Request(Command.SET, ("learning_rate=0.0001",), "a1")),
+        ("set learning_rate=.5 beta_1=0.8 dropout=0", Request(Command.SET, ("learning_rate=0.5", "beta_1=0.8", "dropout=0.0"))),
+        ("rollback", Request(Command.ROLLBACK)),
+        ("rollback 3 #x", Request(Command.ROLLBACK, ("3",), "x")),
+        ("rollback 007", Request(Command.ROLLBACK, ("7",))),
+    ],
+)
+def test_set_and_rollback_arguments_are_parsed_and_made_canonical(line, expected):
+    assert parse_request(line) == expected
+    assert parse_request(expected.encode_line().decode().rstrip("\n")) == expected  # round trip
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("set lr", "'set' takes KEY=VALUE pairs (set lr=1e-4), got 'lr'."),
+        ("set =1", "'set' takes KEY=VALUE pairs (set lr=1e-4), got '=1'."),
+        ("set lr=nan", "'set learning_rate=' takes a finite number (like 0.001 or 1e-4), got 'nan'."),
+        ("set lr=1e400", "'set learning_rate=' takes a finite number (like 0.001 or 1e-4), got '1e400'."),
+        ("set lr=1 learning_rate=2", "'set' got 'learning_rate' twice; give each name once."),
+        ("set a-b=1", "Invalid name 'a-b': expected 1-64 letters, digits or '_', not starting with a digit."),
+        ("rollback 0", "'rollback' takes one optional number N from 1 (the newest checkpoint) to 1000, got '0'."),
+        ("rollback \u0662", "'rollback' takes one optional number N from 1 (the newest checkpoint) to 1000, got '\u0662'."),
+        ("rollback 1 2", "'rollback' takes one optional number N from 1 (the newest checkpoint) to 1000, got '1 2'."),
+    ],
+)
+def test_set_and_rollback_refuse_bad_arguments_saying_what_is_expected(line, message):
+    with pytest.raises(UnknownCommandError) as info:
+        parse_request(line)
+    assert str(info.value) == message
+
+
+def test_every_command_has_help_and_set_rollback_act_while_running_or_paused():
+    assert set(COMMAND_HELP) == set(Command)
+    for state in (RunState.RUNNING, RunState.PAUSED):
+        assert {Command.SET, Command.ROLLBACK} <= set(allowed_commands(state))
+    assert Command.SET not in allowed_commands(RunState.STOPPING)

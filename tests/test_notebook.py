@@ -430,3 +430,43 @@ def test_loading_the_extension_does_not_import_keras():
     result = run_python(code)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def type_into(kernel, model_id: str, text: str) -> None:
+    """Types `text` into a widget Text and presses Enter, as a browser does
+    (with continuous_update off, the value syncs on Enter)."""
+    content = {"comm_id": model_id, "data": {"method": "update", "state": {"value": text}, "buffer_paths": []}}
+    kernel.kc.shell_channel.send(kernel.kc.session.msg("comm_msg", content))
+
+
+def test_the_panel_sets_the_learning_rate_and_rolls_back_after_confirming(kernel):
+    kernel.execute("scale = keras.Variable(1.0, trainable=False); steer = {'scale': scale}")
+    start_fit(kernel, "steered", options="--tunables steer --on-nan rollback")
+    kernel.wait_for(f"{RUN}.panel.learning_rate.value == '0.01'", timeout=10)
+    type_into(kernel, kernel.value(f"{RUN}.panel.learning_rate.model_id"), "0.002")
+    kernel.wait_for(f"abs(float(model.optimizer.learning_rate.numpy()) - 0.002) < 1e-9", timeout=30)
+    kernel.wait_for(f"{RUN}.panel.learning_rate.value == '0.002'", timeout=10)
+    assert kernel.value(f"[c['by'][:33] for c in {RUN}.lifecycle.changes]") == ["'set learning_rate=0.002' #panel-"]
+    type_into(kernel, kernel.value(f"{RUN}.panel.learning_rate.model_id"), "fast")
+    kernel.wait_for(f"'takes a finite number' in {RUN}.panel.note.value", timeout=10)
+    kernel.execute(f"{RUN}.send('set scale=0.5')")
+    kernel.wait_for("float(scale.numpy()) == 0.5", timeout=30)
+    assert kernel.value(f"{RUN}.panel.buttons['rollback'].disabled")  # no checkpoint yet
+    kernel.click(button(kernel, "save"))
+    kernel.wait_for(f"len({RUN}.checkpoints) == 1 and not {RUN}.panel.buttons['rollback'].disabled", timeout=30)
+    kernel.click(button(kernel, "rollback"))
+    kernel.wait_for(f"{RUN}.panel.buttons['rollback'].description == 'Confirm rollback'", timeout=10)
+    assert kernel.value(f"{RUN}.callback._steering.rollbacks") == 0  # the first click only asks
+    kernel.click(button(kernel, "rollback"))
+    kernel.wait_for(f"{RUN}.callback._steering.rollbacks == 1", timeout=30)
+    assert kernel.value(f"{RUN}.panel.buttons['rollback'].description") == "Rollback"
+    kernel.execute(f"{RUN}.stop()")
+    kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    assert kernel.value("history.history['rollbacks'][-1]") == 1
+    assert kernel.value("history.history['scale'][-1]") == 0.5
+
+
+def test_tunables_must_name_a_dict(kernel):
+    result = kernel.execute("%%interruptible_fit --tunables nowhere\nmodel.fit(x, y)")
+    assert result.status == "error"
+    assert "--tunables nowhere: found nothing; expected a dict of names to Keras variables" in result.evalue

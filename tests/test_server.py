@@ -123,10 +123,24 @@ async def test_post_delivers_the_command_through_the_fifo(api, live_run):
     assert (delivered.command, delivered.request_id) == (Command.SAVE, request_id)  # the run can acknowledge it
 
 
+async def test_post_delivers_set_and_rollback_lines_and_the_record_has_tunables(api, live_run):
+    live_run.tunables = {"learning_rate": 0.01}
+    live_run.publish(force=True)
+    code, reply = await post_command(api, "alpha", {"command": "set lr=1e-4"})
+    assert (code, reply["command"]) == (202, "set learning_rate=0.0001")
+    assert reply["id"].startswith("rest-")
+    assert (await post_command(api, "alpha", {"command": "rollback 2"}))[0] == 202
+    assert [str(live_run.channel.get(5)) for _ in range(2)] == ["set learning_rate=0.0001", "rollback 2"]
+    code, reply = await post_command(api, "alpha", {"command": "set lr=-"})
+    assert code == 400 and "takes a finite number" in reply["message"]
+    (run,) = await get_runs(api)
+    assert run["tunables"] == {"learning_rate": 0.01} and run["changes"] == []
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
-        ({"command": "frobnicate"}, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume."),
+        ({"command": "frobnicate"}, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume, set, rollback."),
         (b"stop", "The body is not JSON: 'stop'."),
         (b"", "The body is not JSON: ''."),
         (["stop"], 'Got ["stop"].'),
@@ -140,7 +154,7 @@ async def test_a_bad_command_or_body_is_400_and_says_what_is_expected(api, live_
     assert reply["message"].startswith(message)
     if not message.startswith("Unknown command"):
         assert reply["message"].endswith(
-            'Expected a JSON object like {"command": "stop"} with a command among: stop, save, abort, pause, resume.'
+            'Expected a JSON object like {"command": "stop"} with a command among: stop, save, abort, pause, resume, set, rollback.'
         )
     assert not live_run.channel.pending
 
@@ -286,5 +300,6 @@ async def test_a_malformed_record_beside_good_ones_is_skipped_not_a_500(api, liv
 async def test_vocabulary_is_served_for_the_side_panel(api):
     response = await api(*API, "commands")
     vocabulary = json.loads(response.body)
-    assert [c["name"] for c in vocabulary["commands"]] == ["stop", "save", "abort", "pause", "resume"]
+    assert [c["name"] for c in vocabulary["commands"]] == ["stop", "save", "abort", "pause", "resume", "set", "rollback"]
+    assert vocabulary["allowed"]["running"][-2:] == ["set", "rollback"]
     assert vocabulary["allowed"]["stopping"] == ["abort"] and vocabulary["allowed"]["finished"] == []

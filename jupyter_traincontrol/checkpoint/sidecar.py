@@ -128,9 +128,19 @@ def _object(value):
     return value
 
 
+def _tunables(value):
+    if not isinstance(value, dict) or len(value) > 100:
+        raise ValueError(f"{_shown(value)}; expected an object of at most 100 names")
+    for key, number in value.items():
+        if len(key) > 64 or type(number) not in (int, float) or not math.isfinite(number):
+            raise ValueError(f"{key[:40]!r}: {_shown(number)}; expected a finite number")
+    return {key: float(number) for key, number in value.items()}
+
+
 #: Fields a sidecar may have (checked when present): ``resume_state``, the
-#: random state of `random_state` (version 1), written since 0.2.
-_OPTIONAL_FIELDS = {"resume_state": _object}
+#: random state of `random_state` (version 1), and ``tunables``, the values a
+#: run was steered to (``set``, the NaN policy), both written since 0.2.
+_OPTIONAL_FIELDS = {"resume_state": _object, "tunables": _tunables}
 _FIELDS_BY_FORMAT = {
     1: {**_FIELDS, "format": _exactly(1), "run": _optional(_RUN_NAME)},
     2: {**_FIELDS, "format": _exactly(2), "tool": _exactly(TOOL), "run": _RUN_NAME, "run_id": _run_id},

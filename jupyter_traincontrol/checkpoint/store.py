@@ -147,6 +147,9 @@ class CheckpointStore(CheckpointFolder):
         super().__init__(directory, run=run, private=private, on_phase=on_phase)
         self.keep = keep
         self._flushed: set[int] = set()  # sequences this store flushed to disk
+        #: The values steered so far (``set``, the NaN policy): written in
+        #: each sidecar as ``tunables`` while not empty; a resume sets them again.
+        self.tunables: dict[str, float] = {}
 
     # Listing ----------------------------------------------------------------
 
@@ -310,6 +313,7 @@ class CheckpointStore(CheckpointFolder):
             "metrics": _plain_metrics(metrics or {}),
             "reason": reason,
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **({"tunables": dict(self.tunables)} if self.tunables else {}),
         })
 
     def _write_staged(self, model, info: dict[str, Any]) -> None:

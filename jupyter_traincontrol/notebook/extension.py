@@ -101,6 +101,12 @@ class TrainControlMagics(Magics):
         default_value="stop",
         help="What interrupting the kernel does to its active runs.",
     ).tag(config=True)
+    on_nan = Enum(
+        ["stop", "rollback", "ignore"],
+        default_value="stop",
+        help="What a batch whose loss is not finite does: stop (no checkpoint of it), "
+        "rollback (newest checkpoint, half the learning rate, at most 3 times) or ignore.",
+    ).tag(config=True)
     refresh_rate = Float(5.0, help="Panel redraws a second, at most.").tag(config=True)
     name_prefix = Unicode("fit", help="Default run names are PREFIX-1, PREFIX-2, ...").tag(config=True)
 
@@ -189,6 +195,14 @@ class TrainControlMagics(Magics):
         "--on-interrupt", choices=["stop", "save", "abort"],
         help="what a kernel interrupt does to this run (default: stop)",
     )
+    @argument(
+        "--on-nan", choices=["stop", "rollback", "ignore"],
+        help="what a non-finite loss does: stop (default), rollback (newest checkpoint, half the learning rate) or ignore",
+    )
+    @argument(
+        "--tunables", metavar="NAME",
+        help="a dict in the namespace, names to Keras variables the model reads, that `set NAME=VALUE` may change",
+    )
     @cell_magic
     def interruptible_fit(self, line: str, cell: str):
         """Run the cell's ``fit`` in the background, controllable by buttons,
@@ -198,7 +212,7 @@ class TrainControlMagics(Magics):
         kernel stops active runs with a checkpoint; a second interrupt while
         they stop aborts them. From a terminal:
         ``jupyter-traincontrol send NAME stop`` (or save, abort, pause,
-        resume).
+        resume, ``set lr=1e-4``, ``rollback``).
         """
         try:
             args = parse_argstring(self.interruptible_fit, line)
@@ -214,6 +228,7 @@ class TrainControlMagics(Magics):
         except ValueError as error:
             raise UsageError(f"%%interruptible_fit: {error}") from None
         checkpoint_dir = args.checkpoint_dir or self.checkpoint_dir.format(name=name)
+        tunables = self._tunables(args.tunables)
         try:
             run = self._start_run(
                 self.shell.transform_cell(cell),
@@ -222,11 +237,15 @@ class TrainControlMagics(Magics):
                 keep=keep,
                 resume=args.resume,
                 on_interrupt=args.on_interrupt or self.on_interrupt,
+                tunables=tunables,
+                on_nan=args.on_nan or self.on_nan,
             )
         except NameTakenError as error:
             raise UsageError(f"%%interruptible_fit: {error}") from None
         except SyntaxError as error:
             raise UsageError(f"%%interruptible_fit: the cell is not valid Python: {error}") from None
+        except ValueError as error:  # tunables that are not Keras variables
+            raise UsageError(f"%%interruptible_fit: {error}") from None
         if args.wait:
             from IPython.display import display
 
@@ -234,6 +253,19 @@ class TrainControlMagics(Magics):
             self._wait_in_cell(run)
             return None
         return run
+
+    def _tunables(self, name: str | None) -> dict | None:
+        """The dict ``--tunables NAME`` names in the user namespace."""
+        if name is None:
+            return None
+        value = self.shell.user_ns.get(name)
+        if not isinstance(value, dict):
+            found = "nothing" if name not in self.shell.user_ns else f"a {type(value).__name__}"
+            raise UsageError(
+                f"%%interruptible_fit: --tunables {name[:80]}: found {found}; expected a dict of names to "
+                "Keras variables, like tunables = {'dropout': keras.Variable(0.2)}."
+            )
+        return value
 
     def _start_run(self, code: str, **options) -> TrainingRun:
         """Starts a `TrainingRun` of `code` with its panel (or text reporter)."""

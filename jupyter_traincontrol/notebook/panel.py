@@ -2,7 +2,9 @@
 
 `ControlPanel` is an ipywidgets view of a `TrainingRun`. A button click only
 writes its command to the run's FIFO (the same path as every other control)
-and returns. A daemon monitor thread, the only writer of the panel's widgets,
+and returns. The learning-rate field sends ``set lr=VALUE`` when Enter is
+pressed in it; Rollback asks first (the button turns into "Confirm
+rollback" for a few seconds). A daemon monitor thread, the only writer of the panel's widgets,
 redraws at most `refresh_rate` times a second and only sends what changed, so
 the browser is never flooded however fast the batches are.
 
@@ -20,9 +22,10 @@ import queue
 import sys
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Callable
 
-from ..commands import COMMAND_HELP, FINAL_STATES, Command, allowed_commands
+from ..commands import COMMAND_HELP, FINAL_STATES, Command, UnknownCommandError, allowed_commands, parse_request
 from ..loss_curve import smooth, use_log_scale
 
 if TYPE_CHECKING:  # the panel reads the run; the run never imports the panel
@@ -44,6 +47,9 @@ def _clock(seconds: float | None) -> str:
     seconds = int(max(0, seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
+
+#: How long Rollback waits for its confirming click.
+ROLLBACK_CONFIRM_SECONDS = 8.0
 
 _LOSS_COLOR = "var(--jp-brand-color1, #1a73e8)"
 _VAL_COLOR = "var(--jp-warn-color1, #e37400)"
@@ -204,7 +210,20 @@ class ControlPanel:
             "stop": widgets.Button(description="Stop", icon="stop", button_style="warning", tooltip=_tooltip(Command.STOP)),
             "abort": widgets.Button(description="Abort", icon="times", button_style="danger", tooltip=_tooltip(Command.ABORT)),
             "pause": widgets.Button(description="Pause", icon="pause", tooltip=_tooltip(Command.PAUSE)),
+            "rollback": widgets.Button(description="Rollback", icon="undo", tooltip=_tooltip(Command.ROLLBACK)),
         }
+        self._rollback_armed: float | None = None  # when Rollback asked for its confirming click
+        # The learning rate, editable: Enter sends `set lr=VALUE`.
+        self.learning_rate = widgets.Text(
+            description="lr", placeholder="learning rate", continuous_update=False,
+            tooltip="The learning rate; type a new one and press Enter to set it at the next batch",
+            layout=widgets.Layout(width="11em"), style={"description_width": "1.6em"},
+        )
+        self.learning_rate._dom_classes = (
+            "traincontrol-field", "traincontrol-command-set", "traincontrol-tunable-learning_rate",
+        )
+        self._shown_lr: float | None = None
+        self.learning_rate.observe(self._on_learning_rate, names="value")
         # Classes a front end can find the panel and its commands by: the
         # JupyterLab extension sends a click on these buttons straight to the
         # server (the run's FIFO), so it acts even while the kernel is busy.
@@ -218,7 +237,8 @@ class ControlPanel:
                 widgets.HBox([self.epoch_label, self.progress], layout=row),
                 widgets.HBox([self.run_label, self.run_progress], layout=row),
                 self.stats,
-                widgets.HBox(list(self.buttons.values()), layout=widgets.Layout(flex_flow="row wrap")),
+                widgets.HBox([*self.buttons.values(), self.learning_rate],
+                             layout=widgets.Layout(flex_flow="row wrap", align_items="center")),
                 widgets.HBox([self.chart, self.metrics], layout=widgets.Layout(flex_flow="row wrap", width="100%")),
                 self.note,
                 self.log,
@@ -242,6 +262,8 @@ class ControlPanel:
 
     def _click_handler(self, key: str):
         def on_click(button):
+            if key == "rollback" and not self._confirm_rollback(button):
+                return
             command = "resume" if key == "pause" and button.description == "Resume" else key
             try:
                 self.run.send(command)
@@ -251,6 +273,34 @@ class ControlPanel:
             self._clicks.put(note)
 
         return on_click
+
+    def _confirm_rollback(self, button) -> bool:
+        """True on the confirming click; the first click only asks."""
+        armed = self._rollback_armed
+        if armed is not None and time.monotonic() - armed < ROLLBACK_CONFIRM_SECONDS:
+            self._rollback_armed = None
+            button.description, button.button_style = "Rollback", ""
+            return True
+        self._rollback_armed = time.monotonic()
+        button.description, button.button_style = "Confirm rollback", "danger"
+        self._clicks.put("Rollback: click 'Confirm rollback' to load the newest checkpoint into the model "
+                         "(the learning rate stays as it is now).")
+        return False
+
+    def _on_learning_rate(self, change) -> None:
+        """Enter in the learning-rate field (the front end syncs the value then)."""
+        if change["new"] == _lr_text(self._shown_lr):
+            return  # the monitor showing the run's value (it notes it first), or nothing changed
+        text = change["new"].strip()
+        try:
+            request = parse_request(f"set lr={text} #panel-{uuid.uuid4().hex[:8]}")  # the id says who sent it
+            self.run.send(request)
+            note = f"Learning rate: sent '{request}'."  # without its id
+        except UnknownCommandError as error:
+            note = f"Learning rate: {error}"
+        except Exception as error:  # shown in the panel, never raised into the kernel
+            note = f"Learning rate: could not send 'set lr={text}': {error}"
+        self._clicks.put(note)
 
     def _monitor(self) -> None:
         while not self.run.wait(self.interval):
@@ -290,11 +340,26 @@ class ControlPanel:
         pause.description, pause.icon = ("Resume", "play") if paused else ("Pause", "pause")
         pause.tooltip = _tooltip(Command.RESUME if paused else Command.PAUSE)
         pause._dom_classes = ("traincontrol-button", f"traincontrol-command-{'resume' if paused else 'pause'}")
+        self._refresh_steering(enabled)
         self.metrics.value = _metrics_html(lifecycle.metrics)
         self.chart.value = loss_chart_svg(lifecycle.epoch_history, lifecycle.loss_curve.points())
         self.note.value = self._note_html(state)
         self.log.value = _log_html(list(lifecycle.events)[-8:])
         self.output.value = self._output_html()
+
+    def _refresh_steering(self, enabled: set[str]) -> None:
+        rollback = self.buttons["rollback"]
+        if self._rollback_armed is not None and time.monotonic() - self._rollback_armed >= ROLLBACK_CONFIRM_SECONDS:
+            self._rollback_armed = None
+            rollback.description, rollback.button_style = "Rollback", ""
+        rollback.disabled = "rollback" not in enabled or not self.run.lifecycle.checkpoints()
+        lr = self.run.lifecycle.tunables.get("learning_rate")
+        field = self.learning_rate
+        field.disabled = "set" not in enabled
+        field.layout.display = "none" if lr is None and self._shown_lr is None else None
+        if lr is not None and lr != self._shown_lr:
+            self._shown_lr = lr
+            field.value = _lr_text(lr)  # only when the run's value changed: never over what is being typed
 
     def _stats_html(self, now: float) -> str:
         lifecycle = self.run.lifecycle
@@ -326,7 +391,8 @@ class ControlPanel:
                 '<span class="traincontrol-busy-note">'
                 "The kernel is busy with a cell: clicks here wait until it finishes. To act at once, in a terminal: "
                 f"<code>jupyter-traincontrol send {html.escape(str(self.run.name))} stop</code> "
-                f"(or save, abort, pause, resume), or <code>echo stop &gt; {html.escape(str(self.run.fifo))}</code>."
+                "(or save, abort, pause, resume, <code>set lr=1e-4</code>, rollback), "
+                f"or <code>echo stop &gt; {html.escape(str(self.run.fifo))}</code>."
                 "</span>"
             )
         if state == "failed" and self.run.error:
@@ -342,6 +408,10 @@ class ControlPanel:
             '<div style="font-size:11px;color:#777;line-height:1.4">Output of the training thread:</div>'
             f'<pre style="max-height:12em;overflow:auto;font-size:11px;margin:0;line-height:1.3">{html.escape(tail)}</pre>'
         )
+
+
+def _lr_text(value: float | None) -> str:
+    return "" if value is None else f"{value:.4g}"
 
 
 def _tooltip(command: Command) -> str:

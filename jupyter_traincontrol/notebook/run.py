@@ -112,6 +112,10 @@ class TrainingRun(FitInterceptor):
             later) while the run is stopping sends ``abort``.
         extra_record: Fields for the run's record (the kernel id).
         filename: The name tracebacks give the cell.
+        tunables: Names to Keras variables ``set`` may change (see
+            `ControlCallback`).
+        on_nan: ``stop``, ``rollback`` or ``ignore``: what a non-finite
+            loss does (see `ControlCallback`). Defaults to ``stop``.
 
     Example:
 
@@ -132,6 +136,8 @@ class TrainingRun(FitInterceptor):
         on_interrupt: str = "stop",
         extra_record: dict[str, Any] | None = None,
         filename: str = "<interruptible_fit>",
+        tunables: dict | None = None,
+        on_nan: str = "stop",
     ):
         self.on_interrupt = parse_command(on_interrupt)
         if self.on_interrupt not in (Command.STOP, Command.SAVE, Command.ABORT):
@@ -141,7 +147,9 @@ class TrainingRun(FitInterceptor):
         from ..callback import ControlCallback  # Keras loads with the first run, not with the extension
 
         self.lifecycle = RunLifecycle(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
-        self.callback = ControlCallback(lifecycle=self.lifecycle, resume=resume, handle_sigint=False, verbose=False)
+        self.callback = ControlCallback(
+            lifecycle=self.lifecycle, resume=resume, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan
+        )
         self.output = OutputBuffer()
         self.history = None
         self.fit_calls = 0

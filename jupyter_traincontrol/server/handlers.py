@@ -124,7 +124,7 @@ class CommandsHandler(_TrainControlHandler):
         except BadBodyError as error:
             raise tornado.web.HTTPError(400, str(error)) from None
         try:
-            sent = await self._run_blocking(send, name, command)
+            sent = await self._run_blocking(send, name, command, "rest")
         except UnknownCommandError as error:
             raise tornado.web.HTTPError(400, str(error)) from error
         except RunNotFoundError as error:

@@ -9,7 +9,17 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 /** The commands a run obeys at its next batch boundary. */
-export type Command = 'stop' | 'save' | 'abort' | 'pause' | 'resume';
+export type Command = 'stop' | 'save' | 'abort' | 'pause' | 'resume' | 'set' | 'rollback';
+
+/** One change `set`, `rollback` or the NaN policy made to a run. */
+export interface IChange {
+  time: number;
+  /** What sent it: the command line and its id (`cli-…`, `rest-…`, `panel-…`), or `on_nan=rollback`. */
+  by: string;
+  name: string;
+  old: number | null;
+  new: number;
+}
 
 /** States of a run that still trains, is about to, or is winding down. */
 export const ACTIVE_STATES = ['starting', 'running', 'paused', 'stopping'];
@@ -52,6 +62,10 @@ export interface IRun {
   history?: IEpochLogs[];
   /** The loss per batch, `[batch, loss]`, batch counted across epochs (at most ~300 points; loss null for a NaN). */
   loss_curve?: [number, number | null][];
+  /** What `set` can change, and the current values (null: off, like clipnorm). */
+  tunables?: { [name: string]: number | null };
+  /** What was steered, oldest first (the last 50). */
+  changes?: IChange[];
   /** The commands that make sense in the run's state (the vocabulary's table). */
   commands?: Command[];
   /** How many of `checkpoints` this run wrote (the others are earlier runs' of the same name). */
@@ -155,10 +169,15 @@ export async function fetchRuns(): Promise<IRun[]> {
   }
 }
 
-/** Sends `command` to the run called `name`; resolves once delivered. */
+/**
+ * Sends a command to the run called `name`; resolves once delivered.
+ *
+ * @param command - A command word, or a whole command line with its
+ *   arguments (`set lr=1e-4`, `rollback 2`).
+ */
 export function sendCommand(
   name: string,
-  command: Command
+  command: Command | string
 ): Promise<{ message: string }> {
   return requestAPI<{ message: string }>(
     `runs/${encodeURIComponent(name)}/commands`,

@@ -18,15 +18,22 @@ import {
 import { isActive } from './model';
 import { allowedFor, helpFor } from './vocabulary';
 
-/** Called when a button is pressed; resolves to the words to show. */
-export type CommandHandler = (run: IRun, command: Command) => Promise<string>;
+/** Called when a button is pressed (or Enter in the learning-rate field,
+ * with a `set lr=…` line); resolves to the words to show. */
+export type CommandHandler = (run: IRun, command: Command | string) => Promise<string>;
 
 const BUTTONS: { label: string; command: Command }[] = [
   { label: 'Save', command: 'save' },
   { label: 'Stop', command: 'stop' },
   { label: 'Abort', command: 'abort' },
-  { label: 'Pause', command: 'pause' }
+  { label: 'Pause', command: 'pause' },
+  { label: 'Rollback', command: 'rollback' }
 ];
+
+/** The learning rate as the field shows it. */
+export function learningRateText(value: number | null | undefined): string {
+  return typeof value === 'number' ? String(Number(value.toPrecision(4))) : '';
+}
 
 export class RunCard {
   /**
@@ -51,6 +58,33 @@ export class RunCard {
       button.addEventListener('click', () => void this._press(button));
       this._buttons.appendChild(button);
     }
+    // The learning rate, editable: Enter sends `set lr=VALUE`.
+    this._lr = document.createElement('label');
+    this._lr.className = 'jp-TrainControl-lr';
+    this._lr.append(text('span', 'jp-TrainControl-lrLabel', 'lr'));
+    this._lrInput = document.createElement('input');
+    this._lrInput.type = 'text';
+    this._lrInput.inputMode = 'decimal';
+    this._lrInput.spellcheck = false;
+    this._lrInput.className = 'jp-TrainControl-lrInput';
+    this._lrInput.title = 'The learning rate: type a new one and press Enter to set it at the next batch';
+    this._lrInput.setAttribute('aria-label', 'learning rate');
+    this._lrInput.addEventListener('keydown', event => {
+      if (event.key === 'Enter') {
+        event.preventDefault();
+        void this._setLearningRate();
+      } else if (event.key === 'Escape') {
+        this._lrInput.value = this._shownLr;
+        this._lrInput.blur();
+      }
+    });
+    this._lrInput.addEventListener('blur', () => {
+      if (!this._pending) {
+        this._lrInput.value = this._shownLr; // left without Enter: nothing was sent
+      }
+    });
+    this._lr.append(this._lrInput);
+    this._buttons.appendChild(this._lr);
     this._footer = document.createElement('div');
     this._footer.className = 'jp-TrainControl-runFooter';
     this.node.append(this._body, this._buttons, this._feedback, this._footer);
@@ -120,7 +154,12 @@ export class RunCard {
       const command = button.dataset.command as Command;
       button.title = helpFor(command);
       button.disabled = this._pending || !allowed.includes(command);
+      if (command === 'rollback' && !(run.checkpoints ?? []).length) {
+        button.disabled = true;
+        button.title = `${helpFor(command)} (no checkpoint yet)`;
+      }
     }
+    this._updateLearningRate(run, allowed);
     this._footer.replaceChildren(...this._checkpoints(run));
   }
 
@@ -233,6 +272,45 @@ export class RunCard {
     }
   }
 
+  /** Shows the run's learning rate; never over what is being typed. */
+  private _updateLearningRate(run: IRun, allowed: Command[]): void {
+    const shown = learningRateText(run.tunables?.learning_rate);
+    this._lr.hidden = shown === '';
+    this._lrInput.disabled = this._pending || !allowed.includes('set');
+    const editing = document.activeElement === this._lrInput && this._lrInput.value !== this._shownLr;
+    if (shown !== this._shownLr && !editing) {
+      this._lrInput.value = shown;
+    }
+    this._shownLr = shown;
+    const values = Object.entries(run.tunables ?? {})
+      .map(([name, value]) => `${name}=${value === null ? 'off' : learningRateText(value)}`)
+      .join(', ');
+    this._lrInput.title =
+      'The learning rate: type a new one and press Enter to set it at the next batch' +
+      (values ? `\nNow: ${values}` : '');
+  }
+
+  private async _setLearningRate(): Promise<void> {
+    const run = this._run;
+    const value = this._lrInput.value.trim();
+    if (!run || this._pending || value === '' || value === this._shownLr) {
+      return;
+    }
+    this._lastCommand = 'set';
+    this._setPending(true);
+    this._feedback.classList.remove('jp-mod-error');
+    this._feedback.textContent = `sending set lr=${value}…`;
+    try {
+      this._feedback.textContent = await this.onCommand(run, `set lr=${value}`);
+    } catch (error) {
+      this._feedback.classList.add('jp-mod-error');
+      this._feedback.textContent = error instanceof Error ? error.message : `${error}`;
+      this._lrInput.value = this._shownLr;
+    } finally {
+      this._setPending(false);
+    }
+  }
+
   private _setPending(pending: boolean): void {
     this._pending = pending;
     if (this._run) {
@@ -245,6 +323,9 @@ export class RunCard {
   private _lastCommand = '';
   private _body: HTMLElement;
   private _buttons: HTMLElement;
+  private _lr: HTMLElement;
+  private _lrInput: HTMLInputElement;
+  private _shownLr = '';
   private _feedback: HTMLElement;
   private _footer: HTMLElement;
 }

@@ -93,7 +93,7 @@ export class RunsModel {
    * @throws {ApiError} With the server's message (404 unknown run, 409 the
    *   run is no longer listening, ...).
    */
-  async send(name: string, command: Command): Promise<string> {
+  async send(name: string, command: Command | string): Promise<string> {
     try {
       const reply = await sendCommand(name, command);
       return reply.message;

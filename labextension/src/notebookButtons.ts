@@ -11,18 +11,25 @@
  * FIFO, at once, whatever the kernel does) and stops the event before the
  * widget view sees it, so the comm never also sends it.
  *
+ * Rollback asks first, in a dialog (the widget's own confirm step needs the
+ * kernel). The learning-rate field (`traincontrol-field
+ * traincontrol-command-set traincontrol-tunable-learning_rate`, an
+ * ipywidgets Text) is handled the same way: Enter posts ``set lr=VALUE``,
+ * and the widget's own sync of that value is held back, so it is sent once.
+ *
  * Where the server does not list the run, or the request fails, the click
  * is replayed to the widget: the comm carries it, as without this extension.
  * Panels whose clicks go to the server get the class `traincontrol-direct`,
  * which hides the panel's "clicks here wait" notice.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { Notification } from '@jupyterlab/apputils';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 
 import { Command, sendCommand } from './api';
 import { isActive, RunsModel } from './model';
 
-const COMMANDS: Command[] = ['stop', 'save', 'abort', 'pause', 'resume'];
+const COMMANDS: Command[] = ['stop', 'save', 'abort', 'pause', 'resume', 'rollback'];
+const LR_FIELD = '.traincontrol-field.traincontrol-tunable-learning_rate input';
 const RUN_PREFIX = 'traincontrol-run-';
 const COMMAND_PREFIX = 'traincontrol-command-';
 /** Set on a panel whose clicks go to the server. */
@@ -52,11 +59,15 @@ export class NotebookPanelButtons {
     private readonly model: RunsModel
   ) {
     document.addEventListener('click', this._onClick, true);
+    document.addEventListener('keydown', this._onKey, true);
+    document.addEventListener('change', this._onChange, true);
     model.changed.connect(this._markPanels, this);
   }
 
   dispose(): void {
     document.removeEventListener('click', this._onClick, true);
+    document.removeEventListener('keydown', this._onKey, true);
+    document.removeEventListener('change', this._onChange, true);
     this.model.changed.disconnect(this._markPanels, this);
   }
 
@@ -100,8 +111,80 @@ export class NotebookPanelButtons {
     }
     event.stopImmediatePropagation();
     event.preventDefault();
+    if (command === 'rollback' && button.textContent?.trim() !== 'Confirm rollback') {
+      void this._confirmRollback(panel, button, name);
+      return;
+    }
     void this._send(panel, button, name, command);
   };
+
+  private async _confirmRollback(panel: Element, button: HTMLButtonElement, name: string): Promise<void> {
+    const result = await showDialog({
+      title: `Roll back ${name}?`,
+      body:
+        'The newest checkpoint is loaded into the live model and optimizer, and ' +
+        'training goes on from there: what was learnt since it is undone. ' +
+        'The learning rate stays as it is now.',
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Roll back' })]
+    });
+    if (result.button.accept) {
+      await this._send(panel, button, name, 'rollback');
+    }
+  }
+
+  /** The run whose learning-rate field `target` is, if its edits go to the server. */
+  private _lrField(target: EventTarget | null): { input: HTMLInputElement; panel: Element; name: string } | null {
+    const input = (target as Element | null)?.closest?.(LR_FIELD) as HTMLInputElement | null;
+    const panel = input?.closest('.traincontrol-panel');
+    const name = panel ? classValue(panel, RUN_PREFIX) : null;
+    if (!input || !panel || !name || !this._serves(name) || this._fellBack.has(name)) {
+      return null;
+    }
+    return { input, panel, name };
+  }
+
+  /** Enter in a panel's learning-rate field: `set lr=VALUE` through the server. */
+  private _onKey = (event: KeyboardEvent): void => {
+    if (event.key !== 'Enter') {
+      return;
+    }
+    const field = this._lrField(event.target);
+    if (!field) {
+      return; // the widget syncs its value through the comm
+    }
+    event.stopImmediatePropagation();
+    event.preventDefault();
+    void this._setLearningRate(field.input, field.name);
+  };
+
+  /** Holds back the widget's own sync of the field (on Enter or blur) while edits go to the server. */
+  private _onChange = (event: Event): void => {
+    if (this._lrField(event.target)) {
+      event.stopImmediatePropagation();
+    }
+  };
+
+  private async _setLearningRate(input: HTMLInputElement, name: string): Promise<void> {
+    const value = input.value.trim();
+    if (!value) {
+      return;
+    }
+    input.classList.add('traincontrol-sending');
+    try {
+      await sendCommand(name, `set lr=${value}`);
+      input.classList.add('traincontrol-sent');
+      window.setTimeout(() => input.classList.remove('traincontrol-sent'), 1200);
+      void this.model.refresh();
+    } catch (error) {
+      // A value the server refuses (400) is the user's to fix: say why, send nothing.
+      Notification.error(
+        `Could not set the learning rate of ${name} to ${value}: ${error instanceof Error ? error.message : error}`,
+        { autoClose: 8000 }
+      );
+    } finally {
+      input.classList.remove('traincontrol-sending');
+    }
+  }
 
   private async _send(panel: Element, button: HTMLButtonElement, name: string, command: Command): Promise<void> {
     button.classList.add('traincontrol-sending');

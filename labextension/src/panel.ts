@@ -103,7 +103,20 @@ export class RunsPanel extends Widget {
     }
   }
 
-  private async _send(run: IRun, command: Command): Promise<string> {
+  private async _send(run: IRun, command: Command | string): Promise<string> {
+    if (command === 'rollback') {
+      const result = await showDialog({
+        title: `Roll back ${run.name}?`,
+        body:
+          'The newest checkpoint is loaded into the live model and optimizer, and ' +
+          'training goes on from there: what was learnt since it is undone. ' +
+          'The learning rate stays as it is now.',
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Roll back' })]
+      });
+      if (!result.button.accept) {
+        return '';
+      }
+    }
     if (command === 'abort') {
       const result = await showDialog({
         title: `Abort ${run.name}?`,
