@@ -444,7 +444,7 @@ def test_the_panel_sets_the_learning_rate_and_rolls_back_after_confirming(kernel
     start_fit(kernel, "steered", options="--tunables steer --on-nan rollback")
     kernel.wait_for(f"{RUN}.panel.learning_rate.value == '0.01'", timeout=10)
     type_into(kernel, kernel.value(f"{RUN}.panel.learning_rate.model_id"), "0.002")
-    kernel.wait_for(f"abs(float(model.optimizer.learning_rate.numpy()) - 0.002) < 1e-9", timeout=30)
+    kernel.wait_for("abs(float(model.optimizer.learning_rate.numpy()) - 0.002) < 1e-9", timeout=30)
     kernel.wait_for(f"{RUN}.panel.learning_rate.value == '0.002'", timeout=10)
     assert kernel.value(f"[c['by'][:33] for c in {RUN}.lifecycle.changes]") == ["'set learning_rate=0.002' #panel-"]
     type_into(kernel, kernel.value(f"{RUN}.panel.learning_rate.model_id"), "fast")
