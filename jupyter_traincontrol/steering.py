@@ -33,7 +33,7 @@ import contextlib
 import time
 from typing import Any, Callable, Iterator, Mapping
 
-from .checkpoint import Checkpoint, CheckpointError, _assign, _variables_of, restore_weights
+from .checkpoint import Checkpoint, CheckpointError, assign_variables, copy_variables, restore_weights
 from .commands import Request, assignments, rollback_depth
 from .lifecycle import RunLifecycle
 from .resume import optimizer_step
@@ -143,11 +143,11 @@ class Steering:
         sync_backend_state(model)
         kept = self.tunables.read()
         step_before = optimizer_step(model)
-        saved = _variables_of(model)
+        saved = copy_variables(model)
         try:
             restore_weights(model, checkpoint)
         except CheckpointError as error:
-            _assign(saved)
+            assign_variables(saved)
             message = f"Rollback failed, the model is as it was: {error}"
             lifecycle.log("error", message)
             self._say(message)

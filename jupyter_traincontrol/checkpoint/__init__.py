@@ -24,7 +24,7 @@ from .records import (
 )
 from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, parse_sidecar, read_sidecar
 from .snapshot import ModelSnapshot, sync_model_state
-from .store import LOCK_FILE, CheckpointStore, restore_weights
+from .store import LOCK_FILE, CheckpointStore, assign_variables, copy_variables, restore_weights
 from .writer import CheckpointWriter, WriterBusyError
 
 __all__ = [
@@ -44,6 +44,8 @@ __all__ = [
     "SkippedCheckpoint",
     "TOOL",
     "TrainingPosition",
+    "assign_variables",
+    "copy_variables",
     "parse_sidecar",
     "read_sidecar",
     "restore_weights",

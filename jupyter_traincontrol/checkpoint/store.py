@@ -81,7 +81,7 @@ from .records import (
 )
 from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, read_sidecar
 
-__all__ = ["CheckpointStore", "LOCK_FILE", "restore_weights"]
+__all__ = ["CheckpointStore", "LOCK_FILE", "assign_variables", "copy_variables", "restore_weights"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
@@ -461,12 +461,12 @@ class CheckpointStore(CheckpointFolder):
                 skip(path, why)
         saved = None
         for checkpoint in reversed(candidates):
-            saved = saved or _variables_of(model)
+            saved = saved or copy_variables(model)
             try:
                 restore_weights(model, checkpoint)
             except CheckpointError as error:
                 skip(checkpoint.path, str(error))
-                _assign(saved)
+                assign_variables(saved)
                 continue
             return Restored(checkpoint, skipped)
         return Restored(None, skipped)
@@ -499,7 +499,7 @@ def restore_weights(model, checkpoint: Checkpoint) -> None:
 # Helpers --------------------------------------------------------------------
 
 
-def _variables_of(model) -> list[tuple[Any, Any]]:
+def copy_variables(model) -> list[tuple[Any, Any]]:
     """Every variable of `model` and its optimizer, with a copy of its value."""
     import numpy as np
 
@@ -510,8 +510,8 @@ def _variables_of(model) -> list[tuple[Any, Any]]:
     return [(variable, np.array(variable)) for variable in variables]
 
 
-def _assign(saved: list[tuple[Any, Any]]) -> None:
-    """Puts back the values `_variables_of` copied (after a failed load)."""
+def assign_variables(saved: list[tuple[Any, Any]]) -> None:
+    """Puts back the values `copy_variables` copied (after a failed load)."""
     for variable, value in saved:
         variable.assign(value)
 
