@@ -73,10 +73,15 @@ class CommandActions:
         lifecycle: The run (its channel, store, state and record).
         progress: Where `fit` stands.
         say: Prints one line for the user (or not, when quiet).
+        sync: Called before commands are applied, to bring the model's
+            state up to date (on JAX the trainer holds the variables during
+            `fit`; `ControlCallback` reads ``Callback.model``, which syncs).
     """
 
-    def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None]):
+    def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None],
+                 sync: Callable[[], None] | None = None):
         self.model = model
+        self._sync = sync or (lambda: None)
         self.lifecycle = lifecycle
         self.progress = progress
         self.ended_by: Command | None = None
@@ -107,6 +112,7 @@ class CommandActions:
         if not self.pending:
             return
         self.progress.mid_epoch = mid_epoch
+        self._sync()
         channel = self._channel
         while (request := channel.pop()) is not None:
             self._apply(request)

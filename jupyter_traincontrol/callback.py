@@ -32,6 +32,7 @@ import keras
 from .actions import CommandActions, FitProgress
 from .checkpoint import SkippedCheckpoint
 from .commands import Command, Request, RunState
+from .distributed import Job, current_job
 from .fit_watchdog import FitWatchdog
 from .interrupt import SigintGuard
 from .lifecycle import RunLifecycle
@@ -89,13 +90,18 @@ class ControlCallback(keras.callbacks.Callback):
         verbose: bool = True,
         lifecycle: RunLifecycle | None = None,
         channel_kind: str | None = None,
+        job: Job | bool | None = None,
     ):
         super().__init__()
+        # A multi-process JAX job: commands agreed across its processes.
+        self._job = current_job() if job is None or job is True else (job or None)
         self.resume = bool(resume)
         self.handle_sigint = handle_sigint
         self.verbose = verbose
         self._owns_lifecycle = lifecycle is None
-        self.lifecycle = lifecycle or RunLifecycle(name, checkpoint_dir, keep, channel_kind=channel_kind)
+        self.lifecycle = lifecycle or RunLifecycle(
+            name, checkpoint_dir, keep, channel_kind=channel_kind, registry=self._job.registry() if self._job else None
+        )
         self._lock = threading.RLock()
         self._reset()
 
@@ -156,15 +162,19 @@ class ControlCallback(keras.callbacks.Callback):
             self._reset()
             lifecycle = self.lifecycle
             if self._owns_lifecycle:
+                if self._job is not None:
+                    self._job.begin(lifecycle)
                 lifecycle.open()
             elif not lifecycle.is_open:
                 raise RuntimeError(f"The RunLifecycle given for run {lifecycle.name!r} is not open.")
             self._in_fit = True
-            self._actions = CommandActions(self.model, lifecycle, self._progress, self._say)
+            self._actions = CommandActions(self.model, lifecycle, self._progress, self._say, sync=self._sync_model)
             lifecycle.epochs = self.params.get("epochs")
             lifecycle.steps = self.params.get("steps")
             self._watchdog = FitWatchdog(self.model, self._on_fit_lost)
             lifecycle.add_tick_hook(self._watchdog.check)
+            if self._job is not None:
+                self._join_job()
         try:
             lifecycle.store.acquire()  # checked and locked before the first step
             if self.resume:
@@ -224,6 +234,11 @@ class ControlCallback(keras.callbacks.Callback):
         final = {Command.ABORT: RunState.ABORTED, Command.STOP: RunState.STOPPED}.get(self.ended_by, RunState.FINISHED)
         self._finish(final)
 
+    def _sync_model(self) -> None:
+        # On JAX, reading `Callback.model` copies the trainer's state into
+        # the model's variables (a cost paid only when a command waits).
+        self.model  # noqa: B018
+
     # Resume ----------------------------------------------------------------
 
     def _resume(self) -> None:
@@ -238,6 +253,20 @@ class ControlCallback(keras.callbacks.Callback):
         message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
         self.lifecycle.log("warning", message)
         self._say(message, stream=sys.stderr)
+
+    # Jobs across processes -------------------------------------------------
+
+    def _join_job(self) -> None:
+        """Commands of a multi-process job: proposed to all, applied by all at one step."""
+        job = self._job
+        job.opened(self.lifecycle, self.model, lambda message: self._finish(RunState.FAILED, message))
+        self._actions._channel = job.channel(self.lifecycle.channel, self._progress)
+
+    def _leave_job(self, final_state: RunState) -> None:
+        job = self._job
+        job.end(final_state)
+        for request in job.undelivered():
+            self.lifecycle.acknowledge(request, "ignored", "fit ended before the step the job agreed on")
 
     # Interrupts ------------------------------------------------------------
 
@@ -270,6 +299,8 @@ class ControlCallback(keras.callbacks.Callback):
             if self._watchdog is not None:
                 lifecycle.remove_tick_hook(self._watchdog.check)
                 self._watchdog = None
+            if self._job is not None:
+                self._leave_job(final_state)
             if self._actions is not None:
                 self._actions.detach()
             if self._resumption is not None:

@@ -296,6 +296,7 @@ def test_resume_mid_epoch_equals_an_uninterrupted_run(make_model, tiny_data, ckp
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.backends("tensorflow", "jax", reason="Keras's torch trainer refuses steps_per_execution > 1")
 def test_resume_with_steps_per_execution(tiny_data, ckpt):
     from helpers import build_model
 
