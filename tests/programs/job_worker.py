@@ -30,7 +30,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.processes,
-                           process_id=args.process, heartbeat_timeout_seconds=60)
+                           process_id=args.process, heartbeat_timeout_seconds=20)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -44,7 +44,7 @@ keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.
 rng = np.random.default_rng(0)
 x = rng.random((256, 3), dtype="float32")
 y = x.sum(axis=1, keepdims=True)
-data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16 * args.processes)
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)  # one global batch, whatever the process count
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
 model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
 
