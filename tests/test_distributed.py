@@ -61,6 +61,13 @@ class JobProcesses:
             for i in range(n)
         ]
         self.fifo = None
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill_all()
+            raise
+
+    def _wait_ready(self) -> None:
         for i, process in enumerate(self.processes):
             line = process.stdout.readline()
             while line and not line.startswith("READY "):  # gloo says hello on stdout
