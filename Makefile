@@ -36,9 +36,14 @@ lab: demo
 	cp -n notebooks/*.ipynb $(LAB_DIR)/
 	cd $(LAB_DIR) && $(BIN)/jupyter lab quickstart.ipynb $(LAB_FLAGS)
 
-## test: the whole test suite (what CI runs)
+## test: the whole test suite on TensorFlow, then the core tests (callback,
+## commands, resume, checkpoints, the script driven by the CLI, Ctrl+C, the
+## fault cases with a fit) again on JAX and on torch (what CI runs)
+BACKEND_TESTS ?= tests/test_callback.py tests/test_cli.py tests/test_checkpoint.py tests/test_faults.py
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -q $(BACKEND_TESTS)
+	KERAS_BACKEND=torch $(BIN)/python -m pytest -q $(BACKEND_TESTS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info checkpoints notebooks/checkpoints test-artifacts work \

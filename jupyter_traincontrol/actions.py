@@ -95,11 +95,16 @@ class CommandActions:
         steering: Carries out ``set`` and ``rollback`` and guards
             checkpoints after a non-finite loss; without it, those two
             commands are refused.
+        sync: Called before commands are applied, to bring the model's
+            state up to date (on JAX the trainer holds the variables during
+            `fit`; `ControlCallback` reads ``Callback.model``, which syncs).
     """
 
     def __init__(self, model, lifecycle: RunLifecycle, progress: FitProgress, say: Callable[..., None],
-                 save_in_background: bool = True, steering: "Steering | None" = None):
+                 save_in_background: bool = True, steering: "Steering | None" = None,
+                 sync: Callable[[], None] | None = None):
         self.model = model
+        self._sync = sync or (lambda: None)
         self.lifecycle = lifecycle
         self.progress = progress
         self.ended_by: Command | None = None
@@ -137,6 +142,7 @@ class CommandActions:
         if not self.pending:
             return
         self.progress.mid_epoch = mid_epoch
+        self._sync()
         channel = self._channel
         while (request := channel.pop()) is not None:
             self._apply(request)

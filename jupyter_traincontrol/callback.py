@@ -33,6 +33,7 @@ from . import random_state
 from .actions import CommandActions, FitProgress
 from .checkpoint import SkippedCheckpoint
 from .commands import Command, Request, RunState
+from .distributed import Job, current_job
 from .fit_watchdog import FitWatchdog
 from .interrupt import SigintGuard
 from .lifecycle import RunLifecycle
@@ -114,8 +115,11 @@ class ControlCallback(keras.callbacks.Callback):
         tunables: dict | None = None,
         on_nan: str = "stop",
         nan_rollbacks: int = DEFAULT_MAX_ROLLBACKS,
+        job: Job | bool | None = None,
     ):
         super().__init__()
+        # A multi-process JAX job: commands agreed across its processes.
+        self._job = current_job() if job is None or job is True else (job or None)
         self.tunables = check_user_tunables(tunables)
         self.on_nan = check_policy(on_nan, nan_rollbacks)
         self.nan_rollbacks = nan_rollbacks
@@ -124,7 +128,9 @@ class ControlCallback(keras.callbacks.Callback):
         self.verbose = verbose
         self.save_in_background = bool(save_in_background)
         self._owns_lifecycle = lifecycle is None
-        self.lifecycle = lifecycle or RunLifecycle(name, checkpoint_dir, keep, channel_kind=channel_kind)
+        self.lifecycle = lifecycle or RunLifecycle(
+            name, checkpoint_dir, keep, channel_kind=channel_kind, registry=self._job.registry() if self._job else None
+        )
         self._lock = threading.RLock()
         self._reset()
 
@@ -186,6 +192,8 @@ class ControlCallback(keras.callbacks.Callback):
             self._reset()
             lifecycle = self.lifecycle
             if self._owns_lifecycle:
+                if self._job is not None:
+                    self._job.begin(lifecycle)
                 lifecycle.open()
             elif not lifecycle.is_open:
                 raise RuntimeError(f"The RunLifecycle given for run {lifecycle.name!r} is not open.")
@@ -195,6 +203,8 @@ class ControlCallback(keras.callbacks.Callback):
             lifecycle.steps = self.params.get("steps")
             self._watchdog = FitWatchdog(self.model, self._on_fit_lost)
             lifecycle.add_tick_hook(self._watchdog.check)
+            if self._job is not None:
+                self._join_job()
         try:
             lifecycle.store.acquire()  # checked and locked before the first step
             if self.resume:
@@ -267,7 +277,8 @@ class ControlCallback(keras.callbacks.Callback):
         lifecycle = self.lifecycle
         self._steering = Steering(self.model, lifecycle, self._progress, self._say, self.tunables)
         actions = CommandActions(self.model, lifecycle, self._progress, self._say,
-                                 save_in_background=self.save_in_background, steering=self._steering)
+                                 save_in_background=self.save_in_background, steering=self._steering,
+                                 sync=self._sync_model)
         self._nan_policy = NanPolicy(
             self.on_nan, self._steering, actions.stop_without_checkpoint, self._say, self.nan_rollbacks
         )
@@ -280,6 +291,11 @@ class ControlCallback(keras.callbacks.Callback):
     def _on_non_finite_loss(self, loss, batch: int) -> None:
         if self._in_fit and self._nan_policy is not None:
             self._nan_policy.on_non_finite(loss, self._progress.epoch, batch)
+
+    def _sync_model(self) -> None:
+        # On JAX, reading `Callback.model` copies the trainer's state into
+        # the model's variables (a cost paid only when a command waits).
+        self.model  # noqa: B018
 
     # Resume ----------------------------------------------------------------
 
@@ -295,6 +311,20 @@ class ControlCallback(keras.callbacks.Callback):
         message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
         self.lifecycle.log("warning", message)
         self._say(message, stream=sys.stderr)
+
+    # Jobs across processes -------------------------------------------------
+
+    def _join_job(self) -> None:
+        """Commands of a multi-process job: proposed to all, applied by all at one step."""
+        job = self._job
+        job.opened(self.lifecycle, self.model, lambda message: self._finish(RunState.FAILED, message))
+        self._actions._channel = job.channel(self.lifecycle.channel, self._progress)
+
+    def _leave_job(self, final_state: RunState) -> None:
+        job = self._job
+        job.end(final_state)
+        for request in job.undelivered():
+            self.lifecycle.acknowledge(request, "ignored", "fit ended before the step the job agreed on")
 
     # Interrupts ------------------------------------------------------------
 
@@ -327,6 +357,8 @@ class ControlCallback(keras.callbacks.Callback):
             if self._watchdog is not None:
                 lifecycle.remove_tick_hook(self._watchdog.check)
                 self._watchdog = None
+            if self._job is not None:
+                self._leave_job(final_state)
             if self._actions is not None:
                 self._actions.detach()
             if self._resumption is not None:

@@ -99,6 +99,23 @@ def _is_pipe(fd: int) -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "allow_leaks: skip the leak check (for tests that check leaks themselves)")
+    config.addinivalue_line(
+        "markers",
+        "backends(*names, reason): run only on these Keras backends (KERAS_BACKEND); "
+        "elsewhere the test is skipped with the reason",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """The backend matrix: `make test` runs the core files again with
+    KERAS_BACKEND=jax and =torch; a test that cannot run on a backend says
+    why with the `backends` marker."""
+    backend = os.environ["KERAS_BACKEND"]
+    for item in items:
+        marker = item.get_closest_marker("backends")
+        if marker is not None and backend not in marker.args:
+            reason = marker.kwargs.get("reason", f"runs on {', '.join(marker.args)} only")
+            item.add_marker(pytest.mark.skip(reason=f"not on {backend}: {reason}"))
 
 
 @pytest.fixture

@@ -165,6 +165,8 @@ print("LATEST:", store.latest().path.name)
 
 
 @pytest.mark.parametrize("size", [600])
+@pytest.mark.backends("tensorflow", reason="the kill window (0.05-0.8 s) is tuned to TensorFlow's save time; "
+                     "the checkpoint format under test is the same on every backend")
 def test_sigkill_at_random_points_never_leaves_a_broken_latest(tmp_path, size):
     """Kills a process saving real Keras models at random moments; the latest
     checkpoint always loads. (tests/test_faults.py aims 100 kills at every

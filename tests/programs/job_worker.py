@@ -1,0 +1,78 @@
+"""One process of a multi-process JAX job under `ControlCallback` (for tests/test_distributed.py).
+
+    python job_worker.py PROCESS NUM_PROCESSES PORT NAME CHECKPOINT_DIR LOG [--epochs N] [--batch-sleep S] [--resume]
+
+Appends one JSON line per event to LOG.PROCESS: each command this process
+applied with the batch boundary it applied it at, then its RESULT.
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ["KERAS_BACKEND"] = "jax"
+parser = argparse.ArgumentParser()
+parser.add_argument("process", type=int)
+parser.add_argument("processes", type=int)
+parser.add_argument("port")
+parser.add_argument("name")
+parser.add_argument("checkpoint_dir")
+parser.add_argument("log")
+parser.add_argument("--epochs", type=int, default=1000)
+parser.add_argument("--batch-sleep", type=float, default=0.01)
+parser.add_argument("--lost-after", type=float, default=5.0)
+parser.add_argument("--resume", action="store_true")
+args = parser.parse_args()
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.processes,
+                           process_id=args.process, heartbeat_timeout_seconds=20)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from jupyter_traincontrol import ControlCallback  # noqa: E402
+from jupyter_traincontrol.distributed import current_job  # noqa: E402
+
+keras.utils.set_random_seed(0)  # the same initial weights in every process
+keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
+rng = np.random.default_rng(0)
+x = rng.random((256, 3), dtype="float32")
+y = x.sum(axis=1, keepdims=True)
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)  # one global batch, whatever the process count
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+
+log = open(f"{args.log}.{args.process}", "a", buffering=1)
+control = ControlCallback(name=args.name, checkpoint_dir=args.checkpoint_dir, resume=args.resume, verbose=False,
+                          job=current_job(lost_after=args.lost_after, exit_grace=5.0))
+
+
+def note(lifecycle, event):
+    if event is not None and event["kind"] in ("command", "state", "error"):
+        log.write(json.dumps({"kind": event["kind"], "message": event["message"], "boundary": control._progress.boundary}) + "\n")
+
+
+class Pace(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.ready = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.ready:
+            self.ready = True
+            control.lifecycle.add_listener(note)
+            print(f"READY {control.name} {control.fifo}", flush=True)
+        time.sleep(args.batch_sleep)
+
+
+history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=[control, Pace()])
+result = {"process": args.process, "state": str(control.state), "epochs": len(history.epoch),
+          "optimizer_step": int(model.optimizer.iterations.numpy()), "boundary": control._progress.boundary,
+          "checkpoints": [str(p) for p in control.checkpoints]}
+log.write(json.dumps({"kind": "result", **result}) + "\n")
+print("RESULT " + json.dumps(result), flush=True)
