@@ -22,7 +22,7 @@ from typing import Any
 
 from .channel import FIFO_NAME, INBOX_NAME, NotListeningError, send_command
 from .commands import FINAL_STATES, Command, Request, parse_request
-from .registry import RunNotFoundError, find_run, list_runs
+from .registry import RunNotFoundError, find_run, list_runs, read_tombstone
 
 __all__ = [
     "send",
@@ -113,8 +113,8 @@ def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
     while True:
         try:
             record = find_run(name)
-        except RunNotFoundError:
-            raise NotListeningError(f"Run {_shown(name)!r} is gone; it never applied {request}.") from None
+        except RunNotFoundError:  # ended and its process exited: its last record says
+            record = read_tombstone(name) or {"acks": [], "live": False, "state": "gone"}
         ack = next((a for a in record.get("acks") or [] if request.request_id in a["ids"]), None)
         if ack is not None:
             if ack.get("outcome") == "failed":

@@ -55,6 +55,7 @@ __all__ = [
     "unique_name",
     "folder_is_live",
     "sweep_dead_runs",
+    "read_tombstone",
 ]
 
 logger = logging.getLogger("jupyter_traincontrol")
@@ -62,6 +63,9 @@ logger = logging.getLogger("jupyter_traincontrol")
 RECORD_NAME = "run.json"
 LOCK_NAME = "lock"
 _LOCKS_FOLDER = ".locks"
+_TOMBSTONES_FOLDER = ".ended"
+#: How long the last record of a run whose process let it go is kept.
+_TOMBSTONE_SECONDS = 300.0
 _CLAIM_PREFIX = ".claim-"
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CLAIM_ATTEMPTS = 5
@@ -208,8 +212,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def sweep_dead_runs(root: Path) -> None:
-    """Removes the folders (FIFOs included) and lock files of dead processes."""
+    """Removes the folders (FIFOs included) and lock files of dead processes,
+    and tombstones older than a few minutes."""
     _remove_dead_locks(root)
+    _remove_old_tombstones(root)
     for name in os.listdir(root):
         folder = root / name
         if name.startswith("."):
@@ -347,7 +353,8 @@ class RunFolder:
         return isinstance(record, dict) and record.get("run_id") == self.run_id
 
     def release(self) -> None:
-        """Removes the run's folder if it is still this run's. Idempotent."""
+        """Removes the run's folder if it is still this run's, keeping its
+        last record a while as a tombstone (see `read_tombstone`). Idempotent."""
         _claimed_in_this_process.discard(self)
         self.seal()
         with self._write_lock:
@@ -355,7 +362,51 @@ class RunFolder:
                 return
             self._released = True
             if self.owns_folder():
+                _keep_tombstone(self.path)
                 _move_away(self.path)
+
+
+def _keep_tombstone(folder: Path) -> None:
+    """Keeps the last record of a run whose process let it go (it ended and
+    its process exits), so that a sender waiting for an acknowledgement
+    still finds it: a script that applies ``stop`` and exits at once must not
+    look like one that died first."""
+    tombstones = folder.parent / _TOMBSTONES_FOLDER
+    try:
+        os.makedirs(tombstones, mode=0o700, exist_ok=True)
+        check_private(tombstones, os.lstat(tombstones), kind="dir")
+        os.replace(folder / RECORD_NAME, tombstones / f"{folder.name}.json")
+    except OSError:
+        pass  # no tombstone: a waiting sender then says the run is gone
+
+
+def read_tombstone(name: str, root: Path | None = None) -> dict[str, Any] | None:
+    """The last record of the ended run `name` whose process let it go
+    within the last few minutes, validated; None if there is none."""
+    root = Path(root) if root else registry_root()
+    path = root / _TOMBSTONES_FOLDER / f"{name}.json"
+    try:
+        text = _read_record_text(path)
+    except OSError:
+        return None
+    if text is None:
+        return None
+    record, _problem = validate_record(text, name)
+    return record
+
+
+def _remove_old_tombstones(root: Path) -> None:
+    folder = root / _TOMBSTONES_FOLDER
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        try:
+            if time.time() - entry.stat(follow_symlinks=False).st_mtime > _TOMBSTONE_SECONDS:
+                os.unlink(entry.path)
+        except OSError:
+            continue
 
 
 def _free_name(folder: Path, name: str) -> None:

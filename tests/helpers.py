@@ -180,10 +180,12 @@ class TrainingProcess:
         linger: Keep the process alive after training until `finish`, so its
             record stays listed with its final state (as a notebook kernel's
             run does). Defaults to False.
+        script: Another training program that prints the same ``READY NAME
+            FIFO`` and ``RESULT {json}`` lines. Defaults to the example.
     """
 
-    def __init__(self, *args: str, linger: bool = False):
-        argv = [sys.executable, "-c", _LINGER, TRAIN_SCRIPT, *args] if linger else [sys.executable, TRAIN_SCRIPT, *args]
+    def __init__(self, *args: str, linger: bool = False, script: str = TRAIN_SCRIPT):
+        argv = [sys.executable, "-c", _LINGER, script, *args] if linger else [sys.executable, script, *args]
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if linger else subprocess.DEVNULL,

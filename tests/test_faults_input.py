@@ -175,6 +175,14 @@ def test_wait_reports_the_command_applied_by_its_id(training, tmp_path):
     assert script.finish()[0] == 0
 
 
+def test_wait_for_a_stop_succeeds_though_the_script_exits_at_once(training, tmp_path):
+    script = training("--name", "brief", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200")
+    stopped = cli("send", "brief", "stop", "--wait", "30")
+    assert stopped.returncode == 0, stopped.stderr  # applied, then the process ended: not "died"
+    assert "checkpoint written" in stopped.stdout
+    assert script.finish()[0] == 0
+
+
 def test_wait_exits_7_when_no_acknowledgement_comes_in_time(training, tmp_path):
     script = training("--name", "frozen", "--checkpoint-dir", str(tmp_path / "ck"), "--epochs", "200")
     script.process.send_signal(signal.SIGSTOP)  # alive (its lock held), but it will not answer

@@ -1,0 +1,37 @@
+"""`tf.distribute.MirroredStrategy` in one process (two logical CPU devices):
+save, pause, stop and resume work as on one device, and the checkpoint loads
+without the strategy."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import PROGRAMS, cli, read_sidecar
+
+pytestmark = pytest.mark.backends("tensorflow", reason="MirroredStrategy is TensorFlow's")
+
+
+def test_a_mirrored_fit_is_saved_paused_stopped_and_resumed(training, tmp_path):
+    folder = str(tmp_path / "ck")
+    script = str(PROGRAMS / "mirrored_fit.py")
+    run = training("--name", "mirrored", "--checkpoint-dir", folder, script=script)
+    for command in ("save", "pause", "save", "resume", "stop"):
+        result = cli("send", "mirrored", command, "--wait", "60")
+        assert result.returncode == 0, (command, result.stdout, result.stderr)
+    code, result, err = run.finish()
+    assert code == 0, err[-2000:]
+    assert result["state"] == "stopped" and result["replicas"] == 2
+    stopped_at = result["optimizer_step"]
+    assert [read_sidecar(path)["reason"] for path in result["checkpoints"]] == ["save", "save", "stop"]
+
+    # The checkpoint loads without the strategy, optimizer state included.
+    import keras
+
+    loaded = keras.models.load_model(result["checkpoints"][-1])
+    assert int(loaded.optimizer.iterations.numpy()) == stopped_at
+
+    resumed = training("--name", "mirrored", "--checkpoint-dir", folder, "--resume", "--epochs", "3", script=script)
+    code, result, err = resumed.finish(timeout=120)
+    assert code == 0, err[-2000:]
+    assert result["state"] == "finished" and result["optimizer_step"] > stopped_at
+    assert "Resumed from" in err or result["epochs"][0] > 0
