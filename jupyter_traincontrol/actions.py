@@ -115,6 +115,8 @@ class CommandActions:
         self.saves = BackgroundSaves(model, lifecycle, lambda: progress.position(model, lifecycle.steps),
                                      lambda: progress.boundary, say, background=save_in_background,
                                      resume_state=progress.resume_state(model), guard=steering)
+        if steering is not None:
+            steering.wait_for_saves = self.saves.wait_for_writes
         self._actions: dict[Command, Callable[[Request], Outcome | None]] = {
             Command.SAVE: self._save,
             Command.STOP: self._stop,

@@ -107,6 +107,15 @@ class BackgroundSaves:
         self.lifecycle.log("info", merged[0].upper() + merged[1:])
         self.lifecycle.acknowledge(request, outcome, merged)
 
+    def wait_for_writes(self) -> None:
+        """Training thread, before the model changes without training (a
+        rollback): writes the saves asked for so far, of the model as it is
+        now, and waits until every one is committed or failed."""
+        self._writer.wait()
+        if self.due:
+            self.start_due()
+            self._writer.wait()
+
     def model_changed(self) -> None:
         """The model changed without training (a rollback): the next save is
         a new checkpoint, even at this boundary."""

@@ -86,6 +86,7 @@ class NanPolicy:
 
     def _roll_back(self, where: str) -> bool:
         steering = self._steering
+        steering.wait_for_saves()  # a checkpoint being written is a candidate too
         newest = steering.lifecycle.store.latest()
         if newest is None:
             self._tell("error", f"{where[0].upper()}{where[1:]}: no checkpoint to roll back to.")

@@ -73,6 +73,9 @@ class Steering:
         self._say = say
         self._first_old: dict[str, float | None] = {}  # a key's value before its first change
         self._epochs_logged = 0
+        #: Waits until checkpoints being written in the background are listed
+        #: (set by `CommandActions`): a rollback chooses among all of them.
+        self.wait_for_saves: Callable[[], None] = lambda: None
 
     # Start -------------------------------------------------------------------
 
@@ -127,6 +130,7 @@ class Steering:
     def rollback(self, request: Request) -> Outcome:
         """``rollback [N]``: loads the N-th newest checkpoint of the run."""
         depth = rollback_depth(request)
+        self.wait_for_saves()
         checkpoints = self.lifecycle.store.list()
         if depth > len(checkpoints):
             have = f"only {len(checkpoints)}" if checkpoints else "none yet (send 'save' to take one)"

@@ -245,6 +245,13 @@ class NanAt(keras.callbacks.Callback):
         self.flag.assign(1.0 if self.batches(self.epoch, batch) else 0.0)
 
 
+#: The NaN is injected by assigning a flag variable from a callback; JAX's
+#: trainer holds its own copy of the variables during `fit` and does not see it.
+NAN_INJECTION = pytest.mark.backends(
+    "tensorflow", "torch", reason="the test's NaN injection (a variable assigned in a callback) is invisible to JAX's jitted step"
+)
+
+
 def nan_model(make_model):
     model = make_model()
     flag = keras.Variable(0.0, trainable=False, name="nan_flag")
@@ -263,6 +270,7 @@ def assert_finite_checkpoints(control):
         assert all_weights_finite(path), path
 
 
+@NAN_INJECTION
 def test_on_nan_stop_ends_the_run_keeping_the_last_finite_checkpoint(make_model, tiny_data, ckpt):
     model, flag = nan_model(make_model)
     control = ControlCallback(name="nanstop", checkpoint_dir=ckpt, verbose=False)
@@ -276,6 +284,7 @@ def test_on_nan_stop_ends_the_run_keeping_the_last_finite_checkpoint(make_model,
     assert any("loss was nan at epoch 2, batch 3: stopping without a checkpoint" in e["message"] for e in events)
 
 
+@NAN_INJECTION
 def test_on_nan_ignore_goes_on_but_never_writes_a_non_finite_checkpoint(make_model, tiny_data, ckpt):
     model, flag = nan_model(make_model)
     control = ControlCallback(name="nanignore", checkpoint_dir=ckpt, on_nan="ignore", verbose=False)
@@ -289,6 +298,7 @@ def test_on_nan_ignore_goes_on_but_never_writes_a_non_finite_checkpoint(make_mod
     assert_finite_checkpoints(control)
 
 
+@NAN_INJECTION
 def test_on_nan_rollback_restores_halves_the_learning_rate_and_goes_on(make_model, tiny_data, ckpt):
     model, flag = nan_model(make_model)
     control = ControlCallback(name="nanback", checkpoint_dir=ckpt, on_nan="rollback", verbose=False)
@@ -305,6 +315,7 @@ def test_on_nan_rollback_restores_halves_the_learning_rate_and_goes_on(make_mode
     assert changes[1]["by"] == "on_nan=rollback" and changes[1]["new"] == pytest.approx(0.005)
 
 
+@NAN_INJECTION
 def test_on_nan_rollback_gives_up_after_its_bound_and_stops(make_model, tiny_data, ckpt):
     model, flag = nan_model(make_model)
     control = ControlCallback(name="nanmany", checkpoint_dir=ckpt, on_nan="rollback", nan_rollbacks=3, verbose=False)
