@@ -199,7 +199,7 @@ def test_side_panel_shows_a_run_and_stops_it(jupyter, page, training, tmp_path):
     assert re.fullmatch(r"Run \d+%", words(card.locator(".jp-mod-run .jp-TrainControl-barLabel")))
     assert re.fullmatch(r"\d+s elapsed", words(card.locator(".jp-TrainControl-progressText")))
     assert words(card.locator(".jp-TrainControl-metrics")).startswith("loss ")
-    assert [b.inner_text() for b in card.locator("button").all()] == ["Save", "Stop", "Abort", "Pause"]
+    assert [b.inner_text() for b in card.locator("button").all()] == ["Save", "Stop", "Abort", "Pause", "Rollback"]
     screenshot(panel, "panel-running")
     screenshot(page.locator("#jp-main-statusbar"), "statusbar-running")
     screenshot(page, "lab-running")
