@@ -360,13 +360,15 @@ def wait_idle(page, timeout: float = 90) -> None:
                message=f"an idle kernel (got {kernel_state(page)})")
 
 
-def start_training_notebook(jupyter, page, tmp_path) -> None:
-    """Opens a notebook of `TRAIN_CELLS` in JupyterLab and runs its setup and
-    its ``%%interruptible_fit`` cell (the run ``nb-busy``)."""
-    server = jupyter("lab")
+def start_training_notebook(jupyter, page, tmp_path, app: str = "lab") -> None:
+    """Opens a notebook of `TRAIN_CELLS` in JupyterLab (or Notebook 7, with
+    ``app="notebook"``) and runs its setup and its ``%%interruptible_fit``
+    cell (the run ``nb-busy``)."""
+    server = jupyter(app)
     cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
     (server.root / "train.ipynb").write_text(_notebook(cells))
-    page.goto(f"{server.url}/lab/tree/train.ipynb?token={TOKEN}")
+    where = "lab/tree" if app == "lab" else "notebooks"
+    page.goto(f"{server.url}/{where}/train.ipynb?token={TOKEN}")
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
     page.locator(".jp-Notebook .jp-Cell").first.wait_for()
     wait_idle(page)
@@ -494,16 +496,7 @@ def test_notebook_panel_buttons_act_at_once_while_the_kernel_is_busy(jupyter, pa
 
 
 def test_the_learning_rate_is_steered_from_the_side_panel_and_the_notebook_panel(jupyter, page, tmp_path):
-    server = jupyter("lab")
-    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
-    (server.root / "train.ipynb").write_text(_notebook(cells))
-    page.goto(f"{server.url}/lab/tree/train.ipynb?token={TOKEN}")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-    wait_idle(page)
-    run_cell(page, 0)
-    wait_idle(page)
-    run_cell(page, 1)
+    start_training_notebook(jupyter, page, tmp_path)
     panel = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".traincontrol-panel.traincontrol-run-nb-busy")
     field = panel.locator(".traincontrol-field.traincontrol-tunable-learning_rate input")
     page.wait_for_function("(el) => el.value === '0.01'", arg=field.element_handle(timeout=60_000), timeout=60_000)
@@ -560,16 +553,7 @@ def test_the_learning_rate_is_steered_from_the_side_panel_and_the_notebook_panel
 
 
 def test_notebook_7_shows_the_steering_controls_of_the_notebook_panel(jupyter, page, tmp_path):
-    server = jupyter("notebook")
-    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
-    (server.root / "train.ipynb").write_text(_notebook(cells))
-    page.goto(f"{server.url}/notebooks/train.ipynb?token={TOKEN}")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-    wait_idle(page)
-    run_cell(page, 0)
-    wait_idle(page)
-    run_cell(page, 1)
+    start_training_notebook(jupyter, page, tmp_path, app="notebook")
     panel = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".traincontrol-panel.traincontrol-run-nb-busy")
     field = panel.locator(".traincontrol-field.traincontrol-tunable-learning_rate input")
     page.wait_for_function("(el) => el.value === '0.01'", arg=field.element_handle(timeout=60_000), timeout=60_000)
