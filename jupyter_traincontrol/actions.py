@@ -133,6 +133,11 @@ class CommandActions:
         channel = self._channel
         return channel is not None and (channel.pending or (self.saves.due and self.saves.ready))
 
+    def take_from(self, channel) -> None:
+        """Takes commands from `channel` instead of the run's own (a
+        multi-process job's agreed commands, `distributed.Job.channel`)."""
+        self._channel = channel
+
     def detach(self) -> None:
         """Stops taking commands (the run has ended); a held pause lets go.
         Waits for the checkpoint being written."""

@@ -318,7 +318,7 @@ class ControlCallback(keras.callbacks.Callback):
         """Commands of a multi-process job: proposed to all, applied by all at one step."""
         job = self._job
         job.opened(self.lifecycle, self.model, lambda message: self._finish(RunState.FAILED, message))
-        self._actions._channel = job.channel(self.lifecycle.channel, self._progress)
+        self._actions.take_from(job.channel(self.lifecycle.channel, self._progress))
 
     def _leave_job(self, final_state: RunState) -> None:
         job = self._job

@@ -353,7 +353,7 @@ def test_defaults_are_configurable_with_traitlets(kernel, tmp_path):
     kernel.wait_for(f"len({RUN}.checkpoints) == 1", timeout=30)
     assert kernel.value(f"{RUN}.state") == "running"
     kernel.execute(f"{RUN}.save()")
-    kernel.wait_for(f"{RUN}.lifecycle.events[-1]['kind'] == 'checkpoint'", timeout=30)
+    kernel.wait_for(f"sum(e['kind'] == 'checkpoint' for e in {RUN}.lifecycle.events) == 2", timeout=30)
     kernel.execute(f"{RUN}.stop()")
     kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
     kept = sorted((tmp_path / "ckpts" / "configured-dir").glob("*.keras"))
