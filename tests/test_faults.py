@@ -98,8 +98,8 @@ def test_fifty_writer_processes_each_command_applied_exactly_once(make_model, ti
     Every command leaves exactly one trace in the run's events: ``pause``
     either "pause received" or, when already paused, "Already paused";
     ``resume`` "resume received" (paused or not); ``save`` "save received"
-    and a checkpoint, or, when no batch was trained since the last one,
-    "Merged with the save just taken". So per word, traces == sent means
+    (saves asked for at one boundary, or while one is being written, share
+    one checkpoint). So per word, traces == sent means
     none lost and none applied twice (a loss and a duplicate of the same
     word would cancel out, but would take two independent bugs).
     """
@@ -140,7 +140,9 @@ def test_fifty_writer_processes_each_command_applied_exactly_once(make_model, ti
     assert control.state == "stopped"
     assert traces() == {"pause": sent["pause"], "resume": sent["resume"] + 1, "save": sent["save"]}
     assert log.count("command", "stop received") == 1
-    assert log.count("checkpoint", "save") + log.count("info", "Merged with the save") == sent["save"]
+    # Saves asked for while one is written, or at one boundary, are merged
+    # into one checkpoint (each was received exactly once: `traces` above).
+    assert 1 <= log.count("checkpoint", "save") <= sent["save"]
     assert log.count("checkpoint", "stop") == 1
     assert log.count("rejected") == 0 and log.count("warning") == 0 and log.count("error") == 0
 
