@@ -82,7 +82,7 @@ class BackgroundSaves:
         self._last_outcome: Outcome | None = None  # and its outcome, once written
         self._say = say
         self._writer = CheckpointWriter(lifecycle.store, lifecycle.name or "run")
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a second Ctrl+C ends the run from a signal handler
         self._waiting: list[Request] = []  # saves not yet in a checkpoint being written
         self._in_flight: list[Request] = []  # saves the write in flight answers
         self._owner = threading.get_ident()  # the training thread

@@ -269,7 +269,7 @@ class RunFolder:
         self.path = path
         self.run_id = run_id
         self._released = False
-        self._write_lock = threading.Lock()
+        self._write_lock = threading.RLock()  # re-entrant: a second Ctrl+C ends the run from a signal handler
         self.dir_fd = -1  # the folder, opened once: writes go through it, not through its path
 
     @property
