@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .channel import FIFO_NAME, INBOX_NAME, NotListeningError, send_command
-from .commands import FINAL_STATES, Command, Request, parse_request
+from .commands import FINAL_STATES, Command, Request, parse_request, shorten
 from .registry import RunNotFoundError, find_run, list_runs, read_tombstone
 
 __all__ = [
@@ -72,13 +72,13 @@ def send(name: str, command: str | Command | Request, sender: str | None = None)
     record = find_run(name)
     address = channel_address(record)
     if not record.get("live", True):
-        raise NotListeningError(f"Run {_shown(name)!r} is no longer listening: its process is gone.")
+        raise NotListeningError(f"Run {shorten(name, 80)!r} is no longer listening: its process is gone.")
     if record.get("state") in FINAL_STATES or address is None:
-        raise NotListeningError(f"Run {_shown(name)!r} has ended ({record.get('state')}); it takes no more commands.")
+        raise NotListeningError(f"Run {shorten(name, 80)!r} has ended ({record.get('state')}); it takes no more commands.")
     try:
         send_command(address, request, kind=record.get("channel"))
     except NotListeningError:
-        raise NotListeningError(f"Run {_shown(name)!r} is not listening any more (its channel {address} has no reader).") from None
+        raise NotListeningError(f"Run {shorten(name, 80)!r} is not listening any more (its channel {address} has no reader).") from None
     return request
 
 
@@ -118,21 +118,15 @@ def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
         ack = next((a for a in record.get("acks") or [] if request.request_id in a["ids"]), None)
         if ack is not None:
             if ack.get("outcome") == "failed":
-                raise CommandFailedError(f"Run {_shown(name)!r} could not carry out {request}: {ack.get('message')}")
+                raise CommandFailedError(f"Run {shorten(name, 80)!r} could not carry out {request}: {ack.get('message')}")
             return ack
         if not record.get("live", True):
-            raise NotListeningError(f"Run {_shown(name)!r} died before applying {request}.")
+            raise NotListeningError(f"Run {shorten(name, 80)!r} died before applying {request}.")
         if record.get("state") in FINAL_STATES:
-            raise NotListeningError(f"Run {_shown(name)!r} ended ({record.get('state')}) before applying {request}.")
+            raise NotListeningError(f"Run {shorten(name, 80)!r} ended ({record.get('state')}) before applying {request}.")
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"Sent {request} to run {_shown(name)!r}, but it did not acknowledge it within {timeout:g} s.")
+            raise TimeoutError(f"Sent {request} to run {shorten(name, 80)!r}, but it did not acknowledge it within {timeout:g} s.")
         time.sleep(_WAIT_POLL_SECONDS)
-
-
-def _shown(text: str, limit: int = 80) -> str:
-    """User input as quoted in messages: at most `limit` characters."""
-    text = str(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def public_record(record: dict[str, Any]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ __all__ = [
     "LineDecoder",
     "parse_command",
     "parse_request",
+    "shorten",
     "MAX_LINE_BYTES",
     "OPTIMIZER_HYPERPARAMETERS",
     "TUNABLE_ALIASES",
@@ -195,14 +196,14 @@ def parse_command(text: str | Command) -> Command:
         return text
     if not isinstance(text, str):
         raise UnknownCommandError(
-            f"Expected a command as text, got {type(text).__name__}: {_shorten(repr(text))}."
+            f"Expected a command as text, got {type(text).__name__}: {shorten(repr(text))}."
         )
     word = text.strip().lower()
     try:
         return Command(word)
     except ValueError:
         raise UnknownCommandError(
-            f"Unknown command {_shorten(text.strip())!r}. "
+            f"Unknown command {shorten(text.strip())!r}. "
             f"Expected one of: {', '.join(COMMAND_NAMES)}."
         ) from None
 
@@ -264,7 +265,7 @@ def parse_request(text: str | Command | Request) -> Request:
         request_id = words.pop()[1:]
         if not _REQUEST_ID.match(request_id):
             raise UnknownCommandError(
-                f"Invalid request id {_shorten(request_id)!r}: expected 1-32 letters, digits, '_' or '-' after '#'."
+                f"Invalid request id {shorten(request_id)!r}: expected 1-32 letters, digits, '_' or '-' after '#'."
             )
         if not words:
             raise UnknownCommandError(f"A request id without a command. Expected one of: {', '.join(COMMAND_NAMES)}.")
@@ -274,7 +275,7 @@ def parse_request(text: str | Command | Request) -> Request:
         return Request(command, parse_args(words[1:]), request_id)
     if len(words) > 1:
         raise UnknownCommandError(
-            f"'{command}' takes no arguments, got {_shorten(' '.join(words[1:]))!r}."
+            f"'{command}' takes no arguments, got {shorten(' '.join(words[1:]))!r}."
         )
     return Request(command, (), request_id)
 
@@ -288,7 +289,7 @@ def validate_tunable_name(name: str) -> str:
     """
     if not isinstance(name, str) or not _TUNABLE_NAME.match(name):
         raise UnknownCommandError(
-            f"Invalid name {_shorten(str(name))!r}: expected 1-64 letters, digits or '_', not starting with a digit."
+            f"Invalid name {shorten(str(name))!r}: expected 1-64 letters, digits or '_', not starting with a digit."
         )
     return TUNABLE_ALIASES.get(name, name)
 
@@ -301,7 +302,7 @@ def _set_args(words: list[str]) -> tuple[str, ...]:
     for word in words:
         key, equals, text = word.partition("=")
         if not equals or not key:
-            raise UnknownCommandError(f"'set' takes KEY=VALUE pairs (set lr=1e-4), got {_shorten(word)!r}.")
+            raise UnknownCommandError(f"'set' takes KEY=VALUE pairs (set lr=1e-4), got {shorten(word)!r}.")
         key = validate_tunable_name(key)
         if key in canonical:
             raise UnknownCommandError(f"'set' got {key!r} twice; give each name once.")
@@ -312,7 +313,7 @@ def _set_args(words: list[str]) -> tuple[str, ...]:
 def _finite_number(key: str, text: str) -> float:
     value = float(text) if _NUMBER.match(text) else None
     if value is None or not math.isfinite(value):
-        raise UnknownCommandError(f"'set {key}=' takes a finite number (like 0.001 or 1e-4), got {_shorten(text)!r}.")
+        raise UnknownCommandError(f"'set {key}=' takes a finite number (like 0.001 or 1e-4), got {shorten(text)!r}.")
     return value
 
 
@@ -322,7 +323,7 @@ def _rollback_args(words: list[str]) -> tuple[str, ...]:
     if len(words) > 1 or not _DEPTH.match(words[0]) or not 1 <= int(words[0]) <= MAX_ROLLBACK_DEPTH:
         raise UnknownCommandError(
             f"'rollback' takes one optional number N from 1 (the newest checkpoint) to {MAX_ROLLBACK_DEPTH}, "
-            f"got {_shorten(' '.join(words))!r}."
+            f"got {shorten(' '.join(words))!r}."
         )
     return (str(int(words[0])),)
 
@@ -341,7 +342,9 @@ def rollback_depth(request: Request) -> int:
     return int(request.args[0]) if request.args else 1
 
 
-def _shorten(text: str, limit: int = 40) -> str:
+def shorten(text: str, limit: int = 40) -> str:
+    """Outside text as quoted in messages: at most `limit` characters."""
+    text = str(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -436,7 +439,7 @@ class LineDecoder:
 
 
 def _printable(text: str) -> str:
-    return _shorten(text.strip().encode("unicode_escape").decode("ascii"))
+    return shorten(text.strip().encode("unicode_escape").decode("ascii"))
 
 
 def _decode_line(raw: bytes) -> Request | Rejected | None:

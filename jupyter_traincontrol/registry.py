@@ -38,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .commands import ACTIVE_STATES, FINAL_STATES, RunState
+from .commands import ACTIVE_STATES, FINAL_STATES, RunState, shorten
 from .private_fs import check_private, ensure_private_dir, open_dir, read_json, write_json_atomic
 from .run_record import MAX_RECORD_BYTES, validate_record
 
@@ -424,7 +424,7 @@ def _free_name(folder: Path, name: str) -> None:
         pid = record.get("pid") if isinstance(record, dict) else None
         shown = state if isinstance(state, str) and state in ACTIVE_STATES else "starting"
         raise NameTakenError(
-            f"A run named {name!r} is already {shown} (pid {_shorten(repr(pid))}). "
+            f"A run named {name!r} is already {shown} (pid {shorten(repr(pid), 80)}). "
             "Choose another name, or stop that run first."
         )
     for claimed in list(_claimed_in_this_process):
@@ -524,11 +524,11 @@ def find_run(name: str, root: Path | None = None) -> dict[str, Any]:
     """
     root = Path(root) if root else registry_root()
     if not isinstance(name, str) or not _NAME_PATTERN.match(name):
-        raise RunNotFoundError(f"No run named {_shorten(repr(name))}: not a valid run name.")
+        raise RunNotFoundError(f"No run named {shorten(repr(name), 80)}: not a valid run name.")
     record = _read_run(root / name, clean=False)
     if record is None:
         known = ", ".join(record["name"] for record in list_runs(root)) or "none"
-        raise RunNotFoundError(f"No run named {name!r}. Runs listed: {_shorten(known)}.")
+        raise RunNotFoundError(f"No run named {name!r}. Runs listed: {shorten(known, 80)}.")
     if not record["live"]:
         _remove_if_dead(root / name)  # its FIFO goes too: `echo stop >` never waits on a dead run
     return record
@@ -553,5 +553,3 @@ def _report_once(path: Path, message: str) -> None:
         logger.warning("%s", message)
 
 
-def _shorten(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."

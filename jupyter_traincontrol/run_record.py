@@ -14,14 +14,12 @@ import json
 import math
 from typing import Any
 
-from .commands import RunState
+from .commands import RunState, shorten
 
 __all__ = ["validate_record", "MAX_RECORD_BYTES"]
 
 MAX_RECORD_BYTES = 4 << 20
 _MAX_INT = 2**63 - 1
-def _shorten(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_int(value: Any, low: int = 0, high: int = _MAX_INT) -> bool:
@@ -111,7 +109,7 @@ def validate_record(text: str, folder_name: str) -> tuple[dict[str, Any] | None,
     try:
         record = json.loads(text)
     except (ValueError, RecursionError) as error:
-        return None, f"not JSON ({_shorten(str(error))})"
+        return None, f"not JSON ({shorten(str(error), 80)})"
     if not isinstance(record, dict):
         return None, f"expected a JSON object, got {type(record).__name__}"
     missing = [field for field in _REQUIRED if field not in record]
@@ -119,7 +117,7 @@ def validate_record(text: str, folder_name: str) -> tuple[dict[str, Any] | None,
         return None, f"missing {', '.join(missing)}"
     for field, check in _FIELDS.items():
         if field in record and not check(record[field]):
-            return None, f"field {field!r} has an unexpected value {_shorten(repr(record[field]))}"
+            return None, f"field {field!r} has an unexpected value {shorten(repr(record[field]), 80)}"
     if record["name"] != folder_name:
-        return None, f"its name {_shorten(record['name'])!r} is not its folder's ({folder_name!r})"
+        return None, f"its name {shorten(record['name'], 80)!r} is not its folder's ({folder_name!r})"
     return record, ""
