@@ -183,6 +183,7 @@ class ControlCallback(keras.callbacks.Callback):
         self._in_fit = False
         self._resumption: Resumption | None = None
         self._sigint: SigintGuard | None = None
+        self._lost_because: str | None = None  # why `fit` left without on_train_end, if we know
         self._watchdog: FitWatchdog | None = None
 
     def on_train_begin(self, logs=None):
@@ -198,6 +199,7 @@ class ControlCallback(keras.callbacks.Callback):
             elif not lifecycle.is_open:
                 raise RuntimeError(f"The RunLifecycle given for run {lifecycle.name!r} is not open.")
             self._in_fit = True
+            self._lost_because = None
             self._actions = self._make_actions()
             lifecycle.epochs = self.params.get("epochs")
             lifecycle.steps = self.params.get("steps")
@@ -341,12 +343,16 @@ class ControlCallback(keras.callbacks.Callback):
                       "Press Ctrl+C again to interrupt at once.\n")
 
     def _on_second_sigint(self) -> None:
-        self._finish(RunState.FAILED, "KeyboardInterrupt: a second Ctrl+C interrupted fit.")
+        # In a signal handler, on the main thread, which may hold any lock (a
+        # record write, a save): ending the run here could wait on a thread that
+        # waits on that lock. Only note why; the `KeyboardInterrupt` that follows
+        # leaves `fit`, and the watchdog ends the run from the publisher thread.
+        self._lost_because = "KeyboardInterrupt: a second Ctrl+C interrupted fit."
 
     # End -------------------------------------------------------------------
 
     def _on_fit_lost(self) -> None:
-        self._finish(RunState.FAILED, "fit raised an exception; on_train_end never ran.")
+        self._finish(RunState.FAILED, self._lost_because or "fit raised an exception; on_train_end never ran.")
 
     def _finish(self, final_state: RunState, error: str | None = None) -> None:
         with self._lock:

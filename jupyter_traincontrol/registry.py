@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +270,7 @@ class RunFolder:
         self.path = path
         self.run_id = run_id
         self._released = False
-        self._write_lock = threading.RLock()  # re-entrant: a second Ctrl+C ends the run from a signal handler
+        self._write_lock = threading.RLock()  # re-entrant: defensive, a signal handler may land mid-write
         self.dir_fd = -1  # the folder, opened once: writes go through it, not through its path
 
     @property
@@ -543,13 +544,21 @@ def unique_name(prefix: str = "run", root: Path | None = None) -> str:
     return f"{prefix}-{number}"
 
 
-_reported: set[tuple[str, str]] = set()
+_REPORTED_LIMIT = 256  # a long-lived process (a server) remembers this many
+_reported: "OrderedDict[tuple[str, str], None]" = OrderedDict()
+_reported_lock = threading.Lock()  # the server lists runs from a thread pool
 
 
 def _report_once(path: Path, message: str) -> None:
+    """Logs `message` about `path` once, remembering the most recent reports."""
     key = (str(path), message)
-    if key not in _reported:
-        _reported.add(key)
-        logger.warning("%s", message)
+    with _reported_lock:
+        if key in _reported:
+            _reported.move_to_end(key)
+            return
+        _reported[key] = None
+        if len(_reported) > _REPORTED_LIMIT:
+            _reported.popitem(last=False)
+    logger.warning("%s", message)
 
 

@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,16 @@ def test_an_open_registry_folder_of_ours_is_tightened(runtime_dir):
     os.chmod(runtime_dir, 0o755)
     RunFolder.claim("alpha").release()
     assert stat.S_IMODE(os.lstat(runtime_dir).st_mode) == 0o700
+
+
+def test_reports_of_bad_records_are_made_once_and_remembered_within_a_bound(caplog, monkeypatch):
+    from jupyter_traincontrol import registry
+
+    monkeypatch.setattr(registry, "_reported", registry.OrderedDict())
+    for number in range(registry._REPORTED_LIMIT + 50):  # a server that lives for weeks
+        registry._report_once(Path(f"/runs/r{number}"), f"bad record r{number}")
+    registry._report_once(Path("/runs/r60"), "bad record r60")  # recent: still remembered
+    assert len(registry._reported) == registry._REPORTED_LIMIT
+    assert caplog.messages.count("bad record r60") == 1
+    registry._report_once(Path("/runs/r0"), "bad record r0")  # forgotten long ago: said again
+    assert caplog.messages.count("bad record r0") == 2
