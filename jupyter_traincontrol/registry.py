@@ -9,12 +9,9 @@
             control     its FIFO (while the run listens)
 
 Any process of the same user reads the records: the CLI, the Jupyter server,
-other kernels. A run is alive while its lock is held: the OS releases it
-when the process ends, however it ends, so "is this run alive" needs no
-look at the process table. (Each run's ``lock`` is a hard link to one lock
-file its process holds, under ``.locks/``: one descriptor per process.)
-A run folder appears whole, by renaming a prepared one into place. A record stays, with its final state, while its
-process lives; the folders of dead runs are removed when runs are listed or
+other kernels. A run is alive while its process holds its lock
+(`run_locks`). A run folder appears whole, by renaming a prepared one into
+place. A record stays, with its final state, while its process lives; the folders of dead runs are removed when runs are listed or
 a new run claims the name. Names are unique among live runs; the name of an
 ended run may be taken again.
 
@@ -26,11 +23,9 @@ from __future__ import annotations
 
 import atexit
 import errno
-import fcntl
 import logging
 import os
 import re
-import shutil
 import tempfile
 import threading
 import time
@@ -41,6 +36,7 @@ from typing import Any
 
 from .commands import ACTIVE_STATES, FINAL_STATES, RunState, shorten
 from .private_fs import check_private, ensure_private_dir, open_dir, read_json, write_json_atomic
+from .run_locks import LOCK_NAME, ProcessLock, folder_is_live, move_away, remove_dead_locks, remove_if_dead
 from .run_record import MAX_RECORD_BYTES, validate_record
 
 __all__ = [
@@ -62,8 +58,6 @@ __all__ = [
 logger = logging.getLogger("jupyter_traincontrol")
 
 RECORD_NAME = "run.json"
-LOCK_NAME = "lock"
-_LOCKS_FOLDER = ".locks"
 _TOMBSTONES_FOLDER = ".ended"
 #: How long the last record of a run whose process let it go is kept.
 _TOMBSTONE_SECONDS = 300.0
@@ -104,118 +98,13 @@ def validate_name(name: str) -> str:
     return name
 
 
-def _open_lock(folder: Path) -> int | None:
-    """Opens a run folder's lock file (never through a symlink), or None if missing."""
-    try:
-        return os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-
-
-def _try_lock(fd: int, mode: int) -> bool:
-    """Takes a flock without waiting; False if another holder has it."""
-    try:
-        fcntl.flock(fd, mode | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise
-    return True
-
-
-def _same_file(path: Path, fd: int) -> bool:
-    """True if `path` is (still) the file open as `fd`."""
-    try:
-        on_disk = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
-
-
-def folder_is_live(folder: Path) -> bool:
-    """True while the process of the run in `folder` holds its lock."""
-    fd = _open_lock(folder)
-    if fd is None:
-        return False
-    try:
-        return not _try_lock(fd, fcntl.LOCK_SH)
-    finally:
-        os.close(fd)  # also drops the shared lock if we took it
-
-
-def _move_away(folder: Path) -> None:
-    """Removes a run folder, first renaming it so no reader sees it half-gone."""
-    trash = folder.parent / f".removed-{uuid.uuid4().hex}"
-    try:
-        os.rename(folder, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _remove_if_dead(folder: Path) -> bool:
-    """Removes the folder of a dead run, holding its lock meanwhile. Returns
-    True if removed. A folder without a lock file is not a run's (claims
-    are atomic), so it goes too."""
-    fd = _open_lock(folder)
-    if fd is None:
-        _move_away(folder)
-        return True
-    try:
-        if not _try_lock(fd, fcntl.LOCK_EX):
-            return False
-        _move_away(folder)
-        return True
-    finally:
-        os.close(fd)
-
-
-class _ProcessLock:
-    """The one lock file this process holds, per registry, for its lifetime.
-
-    Every run folder's ``lock`` is a hard link to it, so each run holds its
-    lock for as long as its process lives (ended runs stay listed until
-    then) at the cost of one descriptor per process, not one per run.
-    """
-
-    _held: dict[Path, tuple[int, Path]] = {}
-    _guard = threading.Lock()
-
-    @classmethod
-    def path_for(cls, root: Path) -> Path:
-        """The lock file of this process under `root`, created and locked on first use."""
-        with cls._guard:
-            held = cls._held.get(root)
-            if held is not None and _same_file(held[1], held[0]):
-                return held[1]
-            folder = ensure_private_dir(root / _LOCKS_FOLDER)
-            for _attempt in range(_CLAIM_ATTEMPTS):
-                path = folder / f"{os.getpid()}-{uuid.uuid4().hex}"
-                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                fd = os.open(path, flags, 0o600)
-                if _try_lock(fd, fcntl.LOCK_EX) and _same_file(path, fd):
-                    cls._held[root] = (fd, path)
-                    return path
-                os.close(fd)  # a lister took it for a dead one's: try another name
-            raise NameTakenError(f"Could not create a lock file in {folder}: other processes keep removing it.")
-
-    @classmethod
-    def forget_inherited(cls) -> None:
-        """In a forked child: let go of the parent's locks (they stay the parent's)."""
-        for fd, _path in cls._held.values():
-            os.close(fd)
-        cls._held.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_ProcessLock.forget_inherited)
-
-
 def sweep_dead_runs(root: Path) -> None:
     """Removes the folders (FIFOs included) and lock files of dead processes,
     and tombstones older than a few minutes."""
-    _remove_dead_locks(root)
+    remove_dead_locks(root)
+    for name in os.listdir(root):
+        if name.startswith(_CLAIM_PREFIX):
+            remove_if_dead(root / name)  # a claim its process never finished
     _remove_old_tombstones(root)
     for name in os.listdir(root):
         folder = root / name
@@ -224,32 +113,9 @@ def sweep_dead_runs(root: Path) -> None:
         try:
             check_private(folder, os.lstat(folder), kind="dir")
             if not folder_is_live(folder):
-                _remove_if_dead(folder)
+                remove_if_dead(folder)
         except OSError:
             continue  # not ours to remove (a planted symlink, someone else's), or gone
-
-
-def _remove_dead_locks(root: Path) -> None:
-    """Removes the lock files of dead processes, and their unfinished claims."""
-    folder = root / _LOCKS_FOLDER
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        names = []
-    for name in names:
-        path = folder / name
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            if _try_lock(fd, fcntl.LOCK_EX) and _same_file(path, fd):
-                os.unlink(path)
-        finally:
-            os.close(fd)
-    for name in os.listdir(root):
-        if name.startswith(_CLAIM_PREFIX):
-            _remove_if_dead(root / name)
 
 
 class RunFolder:
@@ -301,7 +167,7 @@ class RunFolder:
         sweep_dead_runs(root)  # so `echo stop > FIFO` never waits on a dead run's FIFO
         folder = root / name
         run_folder = cls(name, folder, uuid.uuid4().hex)
-        lock = _ProcessLock.path_for(root)
+        lock = ProcessLock.path_for(root)
         for _attempt in range(_CLAIM_ATTEMPTS):
             staging = Path(tempfile.mkdtemp(prefix=_CLAIM_PREFIX, dir=root))
             os.link(lock, staging / LOCK_NAME)
@@ -312,9 +178,9 @@ class RunFolder:
                     break
             except OSError as error:
                 if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    _move_away(staging)
+                    move_away(staging)
                     raise
-            _move_away(staging)
+            move_away(staging)
             check_private(folder, os.lstat(folder), kind="dir")
             _free_name(folder, name)
         else:
@@ -364,7 +230,7 @@ class RunFolder:
             self._released = True
             if self.owns_folder():
                 _keep_tombstone(self.path)
-                _move_away(self.path)
+                move_away(self.path)
 
 
 def _keep_tombstone(folder: Path) -> None:
@@ -417,7 +283,7 @@ def _free_name(folder: Path, name: str) -> None:
         NameTakenError: If the run there is still active.
     """
     if not folder_is_live(folder):
-        _remove_if_dead(folder)
+        remove_if_dead(folder)
         return
     record = read_json(folder / RECORD_NAME)
     state = record.get("state") if isinstance(record, dict) else None
@@ -432,7 +298,7 @@ def _free_name(folder: Path, name: str) -> None:
         if claimed.path == folder and claimed.owns_folder():
             claimed.release()  # an ended run of this process: let go of it now
             return
-    _move_away(folder)  # an ended run of a live process: its record goes
+    move_away(folder)  # an ended run of a live process: its record goes
 
 
 _claimed_in_this_process: set[RunFolder] = set()
@@ -484,7 +350,7 @@ def _read_run(folder: Path, *, clean: bool) -> dict[str, Any] | None:
     try:
         check_private(folder, os.lstat(folder), kind="dir")
         live = folder_is_live(folder)
-        if not live and clean and _remove_if_dead(folder):
+        if not live and clean and remove_if_dead(folder):
             return None
         raw = _read_record_text(folder / RECORD_NAME)
     except FileNotFoundError:
@@ -531,7 +397,7 @@ def find_run(name: str, root: Path | None = None) -> dict[str, Any]:
         known = ", ".join(record["name"] for record in list_runs(root)) or "none"
         raise RunNotFoundError(f"No run named {name!r}. Runs listed: {shorten(known, 80)}.")
     if not record["live"]:
-        _remove_if_dead(root / name)  # its FIFO goes too: `echo stop >` never waits on a dead run
+        remove_if_dead(root / name)  # its FIFO goes too: `echo stop >` never waits on a dead run
     return record
 
 
