@@ -749,7 +749,9 @@ def test_no_command_makes_the_tool_write_outside_its_folders(make_model, tiny_da
         writes = list(_recorded_writes)
     finally:
         _recorded_writes = None
-    assert log.count("checkpoint") == 5 and log.count("rejected") == 6
+    # 5 checkpoints (2 saves a run, and the stop's), fewer when a save that comes
+    # while the previous one is still being written is merged into it (a loaded machine).
+    assert 2 <= log.count("checkpoint") <= 5 and log.count("rejected") == 6
     allowed = [str(tmp_path / "ck"), str(runtime_dir)]
     outside = sorted({path for path in writes if not any(path == a or path.startswith(a + os.sep) for a in allowed)})
     # Keras's `model.save` stages a model's assets in a private temporary
