@@ -100,6 +100,14 @@ def naive_fifo_callback(path: Path):
     return NaiveFifo()
 
 
+def keras_dispatches_batch_hooks_async() -> bool:
+    """Whether `fit` on this backend may call batch-end hooks on a thread
+    pool (Keras: backends marked thread-safe, JAX and torch)."""
+    from keras.src import backend
+
+    return bool(getattr(backend, "IS_THREAD_SAFE", False))
+
+
 def calibrated_model(x, y, step_ms: float, seed: int):
     """The MLP with the narrowest hidden layers (16, 32, ... 2048 wide) whose
     plain step takes at least 80 % of `step_ms`; returns it with its width."""
@@ -313,6 +321,13 @@ def measure(args) -> int:
         "open and close the run": per_fit,
         "reader thread CPU": reader_seconds,
     }
+    if keras_dispatches_batch_hooks_async():
+        # ControlCallback is not async-safe (see its `async_safe`): with it,
+        # Keras calls the batch-end hooks on the training thread, which then
+        # waits for each step's logs. A no-op hook pays the same; its extra
+        # wall time over plain fits, round by round, is that part.
+        parts["synchronous batch-end hooks"] = _common.median(
+            [no_op - plain for no_op, plain in zip(times["no-op batch hook"], times["plain"])])
     estimate = 1 + sum(parts.values()) / plain_fit
     print(f"\nControlCallback, part by part, in a fit of {batches} batches ({plain_fit * 1e3:.0f} ms plain)")
     _common.print_table(["part", "ms per fit", "share"],
@@ -324,7 +339,10 @@ def measure(args) -> int:
           f"(noise: per-round ratios of plain to itself would spread as widely as the ranges above)")
     _common.print_summary(
         f"overhead: ControlCallback {estimate:.3f}x part by part ({hooks['ControlCallback'] * 1e6:.1f} us/batch, "
-        f"{per_fit * 1e3:.1f} ms/fit, reader {reader_seconds * 1e3:.1f} ms/fit); whole fits (wall, CPU): "
+        f"{per_fit * 1e3:.1f} ms/fit, reader {reader_seconds * 1e3:.1f} ms/fit"
+        + (f", synchronous batch-end hooks {parts['synchronous batch-end hooks'] * 1e3:.1f} ms/fit"
+           if "synchronous batch-end hooks" in parts else "")
+        + "); whole fits (wall, CPU): "
         + ", ".join(f"{name} {_common.median(ratios[name]):.3f}x {_common.median(cpu_ratios[name]):.3f}x"
                     for name in callbacks if name != "plain")
         + f" (goal <= {GOAL_RATIO}x; {batch_ms:.2f} ms/batch, hidden {width} wide)"
