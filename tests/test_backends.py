@@ -6,6 +6,8 @@ callback in the list overrides them without ``async_safe = True``.
 `ControlCallback` is not async-safe on purpose (see its ``async_safe``):
 here, with an async-safe callback next to it, every batch-end hook still
 runs on the training thread, and commands act at the step they were taken.
+On JAX the trainer keeps the variables outside the model during `fit`: the
+callback syncs them back for a command only, never per batch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 
 import keras
 import numpy as np
+import pytest
 
 from helpers import At, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
@@ -82,3 +85,26 @@ def test_with_an_async_safe_callback_commands_act_at_the_step_they_were_taken(ma
         assert int(loaded.optimizer.iterations.numpy()) == read_sidecar(checkpoint)["global_step"]
         for got, want in zip(loaded.get_weights(), expected):
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.backends("jax", reason="only JAX keeps the variables outside the model during fit")
+def test_on_jax_the_state_is_synced_per_command_not_per_batch(make_model, tmp_path):
+    """Reading ``Callback.model`` on JAX copies the trainer's state into the
+    model; the batch hook must not do it. A fit 4 times longer makes no more
+    syncs, and a ``save`` makes them only around itself."""
+
+    def syncs(batches: int, *commands_at: int) -> int:
+        model = make_model()
+        calls = []
+        original = model.jax_state_sync
+        model.jax_state_sync = lambda: (calls.append(1), original())[1]  # counts, then syncs
+        control = ControlCallback(name=f"sync-{batches}-{len(commands_at)}", checkpoint_dir=tmp_path / "ck", verbose=False)
+        senders = [At(0, at, lambda _: queue_command(control, "save"), hook="on_train_batch_begin") for at in commands_at]
+        x = np.random.default_rng(0).random((batches * BATCH, 3), dtype="float32")
+        model.fit(x, x.sum(1, keepdims=True), batch_size=BATCH, epochs=1, verbose=0, callbacks=[control, *senders])
+        assert len(control.checkpoints) == len(commands_at)
+        return len(calls)
+
+    baseline = syncs(8)
+    assert syncs(32) == baseline  # none per batch
+    assert syncs(32, 5, 20) > baseline  # the probe does see the syncs a command makes
