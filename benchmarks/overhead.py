@@ -236,7 +236,8 @@ def measure_all(argv: list[str]) -> int:
         whole = re.search(r"whole fits \(wall, CPU\): ControlCallback ([0-9.]+)x ([0-9.]+)x", summary)
         no_op = re.search(r"no-op batch hook ([0-9.]+)x", summary)
         batch = re.search(r"([0-9.]+) ms/batch, hidden ([0-9]+) wide\)", summary)
-        parts.append(f"{backend} {estimate.group(1)}x part by part, {whole.group(1)}x wall {whole.group(2)}x CPU whole fits"
+        parts.append(f"{backend} {estimate.group(1)}x part by part, "
+                     f"{whole.group(1)}x wall {whole.group(2)}x CPU whole fits"
                      f" (no-op batch hook {no_op.group(1)}x; {batch.group(1)} ms/batch, hidden {batch.group(2)} wide)")
     _common.print_summary(f"overhead: ControlCallback on {'; '.join(parts)} (goal <= {GOAL_RATIO}x each)")
     return 0
@@ -259,7 +260,8 @@ def measure(args) -> int:
     rng = np.random.default_rng(args.seed)
     x = rng.random((steps * BATCH_SIZE, FEATURES), dtype="float32")
     y = x.sum(axis=1, keepdims=True)
-    model, width = calibrated_model(x[:BATCH_SIZE * 100], y[:BATCH_SIZE * 100], 0 if args.quick else args.step_ms, args.seed)
+    model, width = calibrated_model(x[:BATCH_SIZE * 100], y[:BATCH_SIZE * 100], 0 if args.quick else args.step_ms,
+                                    args.seed)
 
     with _common.scratch_folder(args.dir, "traincontrol-bench-overhead-") as scratch:
         reader_cpu = ReaderCpu("bench-overhead")
@@ -285,7 +287,9 @@ def measure(args) -> int:
 
             return run
 
-        threads = f", torch intra-op threads: {__import__('torch').get_num_threads()}" if args.backend == "torch" else ""
+        threads = ""
+        if args.backend == "torch":
+            threads = f", torch intra-op threads: {__import__('torch').get_num_threads()}"
         print(f"overhead on {keras.backend.backend()} (Keras {keras.__version__}{threads}): {args.rounds} rounds, "
               f"each a fit of {epochs} x {steps} batches per variant, alternating; MLP {FEATURES}-{width}-{width}-1")
         times = _common.alternate({name: timed_fit(name) for name in callbacks}, args.rounds, label="overhead")

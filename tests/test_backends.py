@@ -98,8 +98,10 @@ def test_on_jax_the_state_is_synced_per_command_not_per_batch(make_model, tmp_pa
         calls = []
         original = model.jax_state_sync
         model.jax_state_sync = lambda: (calls.append(1), original())[1]  # counts, then syncs
-        control = ControlCallback(name=f"sync-{batches}-{len(commands_at)}", checkpoint_dir=tmp_path / "ck", verbose=False)
-        senders = [At(0, at, lambda _: queue_command(control, "save"), hook="on_train_batch_begin") for at in commands_at]
+        control = ControlCallback(name=f"sync-{batches}-{len(commands_at)}", checkpoint_dir=tmp_path / "ck",
+                                  verbose=False)
+        senders = [At(0, at, lambda _: queue_command(control, "save"), hook="on_train_batch_begin")
+                   for at in commands_at]
         x = np.random.default_rng(0).random((batches * BATCH, 3), dtype="float32")
         model.fit(x, x.sum(1, keepdims=True), batch_size=BATCH, epochs=1, verbose=0, callbacks=[control, *senders])
         assert len(control.checkpoints) == len(commands_at)
