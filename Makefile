@@ -38,9 +38,11 @@ lab: demo
 
 ## test: the whole test suite on TensorFlow, then the core tests (callback,
 ## commands, resume, checkpoints, the script driven by the CLI, Ctrl+C, the
-## fault cases with a fit) again on JAX and on torch (what CI runs)
+## fault cases with a fit) and the notebook's main scenarios (a real kernel)
+## again on JAX and on torch (what CI runs)
 BACKEND_TESTS ?= tests/test_callback.py tests/test_cli.py tests/test_checkpoint.py tests/test_faults.py \
-                 tests/test_steering.py tests/test_background_saves.py tests/test_exact_resume.py
+                 tests/test_steering.py tests/test_background_saves.py tests/test_exact_resume.py \
+                 tests/test_backends.py tests/test_notebook_backends.py
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q $(BACKEND_TESTS)

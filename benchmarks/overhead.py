@@ -1,7 +1,11 @@
 """What `ControlCallback` costs while nothing is sent: `fit` time against a plain `fit`.
 
-A small MLP whose training step takes about 1 ms (so a per-batch cost shows)
-is trained with `fit` in four ways, alternating round after round:
+A small MLP whose training step takes about 1 ms (so a per-batch cost shows;
+the goal is stated for such steps) is trained with `fit` in four ways,
+alternating round after round. Backends differ in speed (the same 32-16-16-1
+MLP steps in about 0.3 ms on JAX, 1.2 ms on TensorFlow, 2.5 ms on torch
+here), so the hidden layers start 16 wide and double until a plain step
+takes at least 80 % of ``--step-ms`` (default 1 ms; 0 keeps 16):
 
 - ``plain``: no callbacks;
 - ``ControlCallback``: ours (registry record, FIFO and reader thread are
@@ -29,15 +33,31 @@ noise:
 
 Their sum, over a plain fit's time, is the estimated overhead.
 
+A fifth variant, ``no-op batch hook`` (a callback whose batch-end hook does
+nothing and is not async-safe), shows what Keras's synchronous dispatch of
+batch-end hooks costs by itself: on JAX and torch, `fit` calls them on a
+thread pool unless a callback like this one (or ``ControlCallback``, which
+must act between two steps) is in the list.
+
+The Keras backend is fixed when Keras is imported, so ``--backend all`` (the
+default) measures each backend in its own subprocess and ends with one
+summary of all three. On torch the benchmark uses one intra-op thread unless
+``OMP_NUM_THREADS`` says otherwise: on a small shared machine torch's thread
+pool makes the steps of this tiny model several times slower and the
+rounds far noisier, for every variant alike.
+
 Usage::
 
-    python benchmarks/overhead.py            # 15 rounds of 5 epochs x 200 batches
-    python benchmarks/overhead.py --quick    # 2 rounds of 1 x 50 batches (a smoke run)
+    python benchmarks/overhead.py                     # each backend: 15 rounds of 5 epochs x 200 batches
+    python benchmarks/overhead.py --backend jax       # one backend
+    python benchmarks/overhead.py --quick             # 2 rounds of 1 x 50 batches (a smoke run)
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,6 +69,18 @@ _common.prepare_environment()
 
 GOAL_RATIO = 1.02
 FEATURES, BATCH_SIZE = 32, 32
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def no_op_batch_hook():
+    """A callback whose batch-end hook does nothing (and is not async-safe)."""
+    import keras
+
+    class NoOpBatchHook(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    return NoOpBatchHook()
 
 
 def naive_fifo_callback(path: Path):
@@ -66,6 +98,33 @@ def naive_fifo_callback(path: Path):
                 self.model.stop_training = True
 
     return NaiveFifo()
+
+
+def keras_dispatches_batch_hooks_async() -> bool:
+    """Whether `fit` on this backend may call batch-end hooks on a thread
+    pool (Keras: backends marked thread-safe, JAX and torch)."""
+    from keras.src import backend
+
+    return bool(getattr(backend, "IS_THREAD_SAFE", False))
+
+
+def calibrated_model(x, y, step_ms: float, seed: int):
+    """The MLP with the narrowest hidden layers (16, 32, ... 2048 wide) whose
+    plain step takes at least 80 % of `step_ms`; returns it with its width."""
+    width = 16
+    while True:
+        model = _common.dense_model(FEATURES, [width, width], seed=seed)
+        model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0)  # trace the train function once
+        if step_ms <= 0 or width >= 2048:
+            return model, width
+        times = []
+        for _ in range(3):
+            begin = time.perf_counter()
+            model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, shuffle=False, verbose=0)
+            times.append(time.perf_counter() - begin)
+        if _common.median(times) / (len(x) // BATCH_SIZE) * 1e3 >= 0.8 * step_ms:
+            return model, width
+        width *= 2
 
 
 def hook_cost(model, x, y, callbacks: dict, calls: int) -> dict[str, float]:
@@ -141,8 +200,57 @@ def main(argv=None) -> int:
     parser = _common.make_parser(__doc__, rounds=15, quick_rounds=2)
     parser.add_argument("--epochs", type=int, default=5, help="epochs per fit (default 5)")
     parser.add_argument("--steps", type=int, default=200, help="batches per epoch (default 200)")
+    parser.add_argument("--step-ms", type=float, default=1.0,
+                        help="widen the MLP until a plain step takes about this long (default 1; 0: 16 units)")
+    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all",
+                        help="the Keras backend to measure; all: each in its own subprocess (default all)")
     args = _common.parse_args(parser, argv)
+    if args.backend == "all":
+        return measure_all(sys.argv[1:] if argv is None else list(argv))
+    return measure(args)
+
+
+def measure_all(argv: list[str]) -> int:
+    """Runs this script once per backend, each in a new process, passing its
+    output through; ends with one summary line of all backends."""
+    argv = [arg for index, arg in enumerate(argv)
+            if not arg.startswith("--backend") and not (index and argv[index - 1] == "--backend")]
+    summaries = {}
+    for backend in BACKENDS:
+        print(f"\n=== backend: {backend} ===", flush=True)
+        env = {**os.environ, "KERAS_BACKEND": backend}
+        child = subprocess.Popen([sys.executable, __file__, *argv, "--backend", backend], env=env,
+                                 stdout=subprocess.PIPE, text=True)
+        for line in child.stdout:
+            if line.startswith(_common.SUMMARY_PREFIX):
+                summaries[backend] = line[len(_common.SUMMARY_PREFIX):].strip()
+                print(f"{backend}: {summaries[backend]}", flush=True)
+            else:
+                print(line, end="", flush=True)
+        if child.wait() != 0:
+            print(f"overhead.py --backend {backend} failed (exit status {child.returncode}).", file=sys.stderr)
+            return child.returncode
+    parts = []
+    for backend, summary in summaries.items():
+        estimate = re.search(r"ControlCallback ([0-9.]+)x part by part", summary)
+        whole = re.search(r"whole fits \(wall, CPU\): ControlCallback ([0-9.]+)x ([0-9.]+)x", summary)
+        no_op = re.search(r"no-op batch hook ([0-9.]+)x", summary)
+        batch = re.search(r"([0-9.]+) ms/batch, hidden ([0-9]+) wide\)", summary)
+        parts.append(f"{backend} {estimate.group(1)}x part by part, "
+                     f"{whole.group(1)}x wall {whole.group(2)}x CPU whole fits"
+                     f" (no-op batch hook {no_op.group(1)}x; {batch.group(1)} ms/batch, hidden {batch.group(2)} wide)")
+    _common.print_summary(f"overhead: ControlCallback on {'; '.join(parts)} (goal <= {GOAL_RATIO}x each)")
+    return 0
+
+
+def measure(args) -> int:
+    """Measures the overhead on `args.backend` in this process."""
+    os.environ["KERAS_BACKEND"] = args.backend  # before Keras is imported
     epochs, steps = (1, 50) if args.quick else (args.epochs, args.steps)
+    if args.backend == "torch" and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
 
     import keras
     import numpy as np
@@ -152,7 +260,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     x = rng.random((steps * BATCH_SIZE, FEATURES), dtype="float32")
     y = x.sum(axis=1, keepdims=True)
-    model = _common.dense_model(FEATURES, [16, 16], seed=args.seed)
+    model, width = calibrated_model(x[:BATCH_SIZE * 100], y[:BATCH_SIZE * 100], 0 if args.quick else args.step_ms,
+                                    args.seed)
 
     with _common.scratch_folder(args.dir, "traincontrol-bench-overhead-") as scratch:
         reader_cpu = ReaderCpu("bench-overhead")
@@ -163,6 +272,7 @@ def main(argv=None) -> int:
             "ControlCallback": lambda: [reader_cpu, ControlCallback(name="bench-overhead", checkpoint_dir=scratch / "ck", verbose=False)],
             "naive FIFO": lambda: [naive_fifo_callback(fifo)],
             "BackupAndRestore": lambda: [keras.callbacks.BackupAndRestore(str(scratch / "backup"))],
+            "no-op batch hook": lambda: [no_op_batch_hook()],
         }
 
         cpu_times: dict[str, list[float]] = {name: [] for name in callbacks}
@@ -177,8 +287,11 @@ def main(argv=None) -> int:
 
             return run
 
-        model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0)  # trace the train function once
-        print(f"overhead: {args.rounds} rounds, each a fit of {epochs} x {steps} batches per variant, alternating")
+        threads = ""
+        if args.backend == "torch":
+            threads = f", torch intra-op threads: {__import__('torch').get_num_threads()}"
+        print(f"overhead on {keras.backend.backend()} (Keras {keras.__version__}{threads}): {args.rounds} rounds, "
+              f"each a fit of {epochs} x {steps} batches per variant, alternating; MLP {FEATURES}-{width}-{width}-1")
         times = _common.alternate({name: timed_fit(name) for name in callbacks}, args.rounds, label="overhead")
         cpu_times = {name: values[-args.rounds:] for name, values in cpu_times.items()}  # drop the warm-up
         reader_seconds = type(reader_cpu).total / (args.rounds + 1)  # per fit, warm-up included
@@ -212,6 +325,13 @@ def main(argv=None) -> int:
         "open and close the run": per_fit,
         "reader thread CPU": reader_seconds,
     }
+    if keras_dispatches_batch_hooks_async():
+        # ControlCallback is not async-safe (see its `async_safe`): with it,
+        # Keras calls the batch-end hooks on the training thread, which then
+        # waits for each step's logs. A no-op hook pays the same; its extra
+        # wall time over plain fits, round by round, is that part.
+        parts["synchronous batch-end hooks"] = _common.median(
+            [no_op - plain for no_op, plain in zip(times["no-op batch hook"], times["plain"])])
     estimate = 1 + sum(parts.values()) / plain_fit
     print(f"\nControlCallback, part by part, in a fit of {batches} batches ({plain_fit * 1e3:.0f} ms plain)")
     _common.print_table(["part", "ms per fit", "share"],
@@ -223,10 +343,13 @@ def main(argv=None) -> int:
           f"(noise: per-round ratios of plain to itself would spread as widely as the ranges above)")
     _common.print_summary(
         f"overhead: ControlCallback {estimate:.3f}x part by part ({hooks['ControlCallback'] * 1e6:.1f} us/batch, "
-        f"{per_fit * 1e3:.1f} ms/fit, reader {reader_seconds * 1e3:.1f} ms/fit); whole fits (wall, CPU): "
+        f"{per_fit * 1e3:.1f} ms/fit, reader {reader_seconds * 1e3:.1f} ms/fit"
+        + (f", synchronous batch-end hooks {parts['synchronous batch-end hooks'] * 1e3:.1f} ms/fit"
+           if "synchronous batch-end hooks" in parts else "")
+        + "); whole fits (wall, CPU): "
         + ", ".join(f"{name} {_common.median(ratios[name]):.3f}x {_common.median(cpu_ratios[name]):.3f}x"
                     for name in callbacks if name != "plain")
-        + f" (goal <= {GOAL_RATIO}x; {batch_ms:.2f} ms/batch)"
+        + f" (goal <= {GOAL_RATIO}x; {batch_ms:.2f} ms/batch, hidden {width} wide)"
     )
     return 0
 

@@ -100,6 +100,20 @@ class ControlCallback(keras.callbacks.Callback):
     ('stopped', [PosixPath('ckpt/ckpt-000001-epoch0004-step000012.keras')])
     """
 
+    #: Not async-safe, on purpose. On backends Keras marks thread-safe (JAX,
+    #: torch), `fit` runs the batch-end hooks on a thread pool while the next
+    #: step trains, unless a callback that overrides them says otherwise; ours
+    #: does, so the whole callback list is called on the training thread, as
+    #: on TensorFlow. A command must act between two steps: ``stop`` sets
+    #: ``stop_training`` after step N, which the trainer checks right after
+    #: this hook (from the pool it would stop after N+1 or N+2); a checkpoint
+    #: reads the variables of step N (from the pool it would race with step
+    #: N+1, and on JAX with the trainer taking its state back out of the
+    #: model); ``pause`` holds the training thread itself. The hook costs a
+    #: flag check; what the synchronous calls cost is measured per backend by
+    #: ``benchmarks/overhead.py`` (the "no-op batch hook" variant).
+    async_safe = False
+
     def __init__(
         self,
         name: str | None = None,

@@ -14,11 +14,28 @@ import pytest
 from helpers import REPO, child_env
 
 
-@pytest.mark.parametrize("script", ["overhead", "latency", "checkpoint_cost", "rest_api"])
+@pytest.mark.parametrize("script", ["latency", "checkpoint_cost", "rest_api"])
 def test_benchmark_quick_run_prints_its_summary(script, tmp_path):
+    quick_run(script, tmp_path)
+
+
+def test_overhead_measures_each_backend_in_its_own_process(tmp_path):
+    """``overhead.py`` (``--backend all``, the default) runs itself once per
+    backend and ends with one summary naming all three."""
+    result = quick_run("overhead", tmp_path, timeout=240)
+    for backend in ("tensorflow", "jax", "torch"):
+        assert f"overhead on {backend} (Keras " in result.stdout
+        assert f"\n{backend}: overhead: ControlCallback " in result.stdout
+    summary = result.stdout.strip().splitlines()[-1]
+    assert [name for name in ("tensorflow", "jax", "torch") if f" {name} " in summary] == ["tensorflow", "jax", "torch"]
+    assert summary.count("x part by part") == 3 and summary.endswith("(goal <= 1.02x each)")
+
+
+def quick_run(script: str, tmp_path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``benchmarks/SCRIPT.py --quick``; checks its summary line and that it cleaned up."""
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--quick", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, env=child_env(),
+        capture_output=True, text=True, timeout=timeout, env=child_env(),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
@@ -26,6 +43,7 @@ def test_benchmark_quick_run_prints_its_summary(script, tmp_path):
     assert "x" in lines[-1] or "ms" in lines[-1]
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("traincontrol-bench-")]
     assert leftovers == []  # the scratch folder (checkpoints, FIFOs, runs) is gone
+    return result
 
 
 @pytest.mark.parametrize("script", ["kernel_background", "kernel_interrupt", "panel_traffic"])

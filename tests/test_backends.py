@@ -1,0 +1,112 @@
+"""What differs between Keras backends, on the backend of ``KERAS_BACKEND``.
+
+On JAX and torch (backends Keras marks thread-safe), `fit` calls the
+batch-end hooks on a thread pool while the next step trains, unless a
+callback in the list overrides them without ``async_safe = True``.
+`ControlCallback` is not async-safe on purpose (see its ``async_safe``):
+here, with an async-safe callback next to it, every batch-end hook still
+runs on the training thread, and commands act at the step they were taken.
+On JAX the trainer keeps the variables outside the model during `fit`: the
+callback syncs them back for a command only, never per batch.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import keras
+import numpy as np
+import pytest
+
+from helpers import At, read_sidecar, wait_until
+from jupyter_traincontrol import ControlCallback
+from jupyter_traincontrol.channel import send_command
+
+BATCH = 8  # 64 samples: 8 batches an epoch
+
+
+class AsyncSafeProbe(keras.callbacks.Callback):
+    """An async-safe callback that notes the threads its batch hook runs on."""
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.threads.add(threading.get_ident())
+
+
+def queue_command(control, command):
+    """Writes `command` to the run's FIFO and waits until the reader queued it."""
+    send_command(control.fifo, command)
+    wait_until(lambda: control.lifecycle.channel.pending, message=f"{command} queued")
+
+
+def fit(model, data, *callbacks, epochs=3):
+    x, y = data
+    return model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
+def test_without_control_an_async_safe_callback_runs_where_keras_puts_it(make_model, tiny_data):
+    """The scenario below is real: on JAX and torch this probe alone runs on
+    Keras's thread pool (on TensorFlow Keras never uses one)."""
+    probe = AsyncSafeProbe()
+    fit(make_model(), tiny_data, probe, epochs=1)
+    on_training_thread = probe.threads == {threading.get_ident()}
+    assert on_training_thread == (keras.backend.backend() not in ("jax", "torch")), probe.threads
+
+
+def test_with_an_async_safe_callback_commands_act_at_the_step_they_were_taken(make_model, tiny_data, tmp_path):
+    model = make_model()
+    probe = AsyncSafeProbe()
+    control = ControlCallback(name="async", checkpoint_dir=tmp_path / "ck", verbose=False)
+    weights_after_3_steps = []
+    # Hooks before a batch are never dispatched to the pool: the commands are
+    # queued before batch 2 of epoch 0 and batch 3 of epoch 1, so they act
+    # right after those batches (3 and 8 + 4 optimizer steps).
+    callbacks = [
+        probe,
+        control,
+        At(0, 2, lambda _: queue_command(control, "save"), hook="on_train_batch_begin"),
+        At(0, 3, lambda cb: weights_after_3_steps.append(cb.model.get_weights()), hook="on_train_batch_begin"),
+        At(1, 3, lambda _: queue_command(control, "stop"), hook="on_train_batch_begin"),
+    ]
+    history = fit(model, tiny_data, *callbacks)
+    assert probe.threads == {threading.get_ident()}  # every batch-end hook ran on the training thread
+    assert history.epoch == [0, 1] and control.state == "stopped"
+
+    saved, stopped = control.checkpoints
+    assert read_sidecar(saved)["global_step"] == 3
+    assert read_sidecar(stopped)["global_step"] == 8 + 4 == int(model.optimizer.iterations.numpy())
+    for checkpoint, expected in ((saved, weights_after_3_steps[0]), (stopped, model.get_weights())):
+        loaded = keras.models.load_model(checkpoint)
+        assert int(loaded.optimizer.iterations.numpy()) == read_sidecar(checkpoint)["global_step"]
+        for got, want in zip(loaded.get_weights(), expected):
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.backends("jax", reason="only JAX keeps the variables outside the model during fit")
+def test_on_jax_the_state_is_synced_per_command_not_per_batch(make_model, tmp_path):
+    """Reading ``Callback.model`` on JAX copies the trainer's state into the
+    model; the batch hook must not do it. A fit 4 times longer makes no more
+    syncs, and a ``save`` makes them only around itself."""
+
+    def syncs(batches: int, *commands_at: int) -> int:
+        model = make_model()
+        calls = []
+        original = model.jax_state_sync
+        model.jax_state_sync = lambda: (calls.append(1), original())[1]  # counts, then syncs
+        control = ControlCallback(name=f"sync-{batches}-{len(commands_at)}", checkpoint_dir=tmp_path / "ck",
+                                  verbose=False)
+        senders = [At(0, at, lambda _: queue_command(control, "save"), hook="on_train_batch_begin")
+                   for at in commands_at]
+        x = np.random.default_rng(0).random((batches * BATCH, 3), dtype="float32")
+        model.fit(x, x.sum(1, keepdims=True), batch_size=BATCH, epochs=1, verbose=0, callbacks=[control, *senders])
+        assert len(control.checkpoints) == len(commands_at)
+        return len(calls)
+
+    baseline = syncs(8)
+    assert syncs(32) == baseline  # none per batch
+    assert syncs(32, 5, 20) > baseline  # the probe does see the syncs a command makes
