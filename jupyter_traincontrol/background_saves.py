@@ -6,6 +6,9 @@
   and optimizer's variables to host memory (the only time training is
   held); a `CheckpointWriter` thread writes the ``.keras`` file and its
   sidecar with the store's crash-safe protocol, flushes and prunes. The
+  host arrays of that copy are kept (`SnapshotBuffers`) and reused by the
+  next snapshot, until the end of `fit`: one host copy of the variables
+  from the first ``save`` on, and no fresh memory to map at each save. The
   request is acknowledged (``applied`` with the file, or ``failed``) when
   the checkpoint is committed, so ``send --wait`` waits for the file.
 - a ``save`` that arrives while a write is in flight waits, and every save
@@ -28,7 +31,8 @@ import sys
 import threading
 from typing import Callable, ContextManager, Protocol
 
-from .checkpoint import Checkpoint, CheckpointError, CheckpointWriter, ModelSnapshot, TrainingPosition, sync_model_state
+from .checkpoint import (Checkpoint, CheckpointError, CheckpointWriter, ModelSnapshot, SnapshotBuffers, TrainingPosition,
+                         sync_model_state)
 from .commands import Request
 from .lifecycle import RunLifecycle
 
@@ -82,6 +86,7 @@ class BackgroundSaves:
         self._last_outcome: Outcome | None = None  # and its outcome, once written
         self._say = say
         self._writer = CheckpointWriter(lifecycle.store, lifecycle.name or "run")
+        self._buffers = SnapshotBuffers()  # the host copy, reused from one snapshot to the next
         self._lock = threading.RLock()  # re-entrant: a second Ctrl+C ends the run from a signal handler
         self._waiting: list[Request] = []  # saves not yet in a checkpoint being written
         self._in_flight: list[Request] = []  # saves the write in flight answers
@@ -146,7 +151,7 @@ class BackgroundSaves:
             return
         try:
             with self._guarded():
-                snapshot = ModelSnapshot.take(self.model)
+                snapshot = ModelSnapshot.take(self.model, self._buffers)
         except Exception as error:
             self._last_outcome = self._failed(CheckpointError(f"Could not copy the model's state: {error}"))
             self._answer(requests, *self._last_outcome)
@@ -167,10 +172,11 @@ class BackgroundSaves:
         return outcome
 
     def close(self) -> None:
-        """At the end of `fit`: waits for the write in flight; saves still
-        waiting are written now (on the training thread) or, from any other
-        thread, answered as failed."""
+        """At the end of `fit`: waits for the write in flight and drops the
+        host copy; saves still waiting are written now (on the training
+        thread) or, from any other thread, answered as failed."""
         self._writer.wait()
+        self._buffers.clear()
         with self._lock:
             requests, self._waiting, self.due = self._waiting, [], False
         if not requests:
