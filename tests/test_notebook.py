@@ -360,6 +360,19 @@ def test_defaults_are_configurable_with_traitlets(kernel, tmp_path):
     assert len(kept) == 1 and kept[0].name.startswith("ckpt-000003-")  # keep=1
 
 
+def test_sync_saves_by_option_or_config_saves_on_the_training_thread(kernel):
+    background = f"{RUN}.callback.save_in_background"
+    cell = "%%interruptible_fit --name {name} {options}\nmodel.fit(x, y, epochs=1, verbose=0)\n"
+    for name, options, config in [("bg", "", None), ("sync", "--sync-saves", None), ("cfg", "", "True")]:
+        if config is not None:
+            kernel.execute(f"%config TrainControlMagics.sync_saves = {config}")
+        assert kernel.execute(cell.format(name=name, options=options)).status == "ok"
+        kernel.wait_for(f"{RUN}.state == 'finished'", timeout=30)
+        assert kernel.value(f"({RUN}.name, {background})") == [name, name == "bg"]
+    help_text = " ".join(kernel.value("get_ipython().magics_manager.magics['cell']['interruptible_fit'].__doc__").split())
+    assert "--sync-saves" in help_text and "without a host copy of the variables" in help_text
+
+
 def test_loads_from_the_kernel_config_too(tmp_path, runtime_dir):
     from kernel_harness import BASE_SETUP
 

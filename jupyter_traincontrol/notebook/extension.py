@@ -43,7 +43,7 @@ from pathlib import Path
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode
 
 from ..registry import NameTakenError, unique_name, validate_name
 from .run import TrainingRun, active_runs
@@ -106,6 +106,11 @@ class TrainControlMagics(Magics):
         default_value="stop",
         help="What a batch whose loss is not finite does: stop (no checkpoint of it), "
         "rollback (newest checkpoint, half the learning rate, at most 3 times) or ignore.",
+    ).tag(config=True)
+    sync_saves = Bool(
+        False,
+        help="Write every checkpoint on the training thread, without a host copy of the model's and optimizer's "
+        "variables (for when memory is short); by default a save holds training only while that copy is made.",
     ).tag(config=True)
     refresh_rate = Float(5.0, help="Panel redraws a second, at most.").tag(config=True)
     name_prefix = Unicode("fit", help="Default run names are PREFIX-1, PREFIX-2, ...").tag(config=True)
@@ -200,6 +205,10 @@ class TrainControlMagics(Magics):
         help="what a non-finite loss does: stop (default), rollback (newest checkpoint, half the learning rate) or ignore",
     )
     @argument(
+        "--sync-saves", action="store_true",
+        help="save on the training thread, without a host copy of the variables; for when memory is short",
+    )
+    @argument(
         "--tunables", metavar="NAME",
         help="a dict in the namespace, names to Keras variables the model reads, that `set NAME=VALUE` may change",
     )
@@ -239,6 +248,7 @@ class TrainControlMagics(Magics):
                 on_interrupt=args.on_interrupt or self.on_interrupt,
                 tunables=tunables,
                 on_nan=args.on_nan or self.on_nan,
+                save_in_background=not (args.sync_saves or self.sync_saves),
             )
         except NameTakenError as error:
             raise UsageError(f"%%interruptible_fit: {error}") from None
