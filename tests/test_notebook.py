@@ -296,8 +296,31 @@ def test_kernel_restart_during_a_run_checkpoints_first(kernel, tmp_path):
     assert read_sidecar(checkpoints[0])["reason"] in ("stop", "interrupt")
 
 
+def test_a_restart_waits_past_jupyter_clients_sigterm_for_the_stop_checkpoint(kernel, tmp_path):
+    # jupyter_client sends SIGTERM 2.5 s after the shutdown request; the batch
+    # in flight ends about 3 s after the restart, so its checkpoint is written
+    # only because SIGTERM is held while the run stops (SIGKILL comes at 5 s).
+    kernel.execute("class LongBatch(keras.callbacks.Callback):\n"
+                   "    def on_train_batch_begin(self, batch, logs=None): time.sleep(3.2 if batch else 0)\n")
+    result = kernel.execute("%%interruptible_fit --name long-batch\n"
+                            "model.fit(x, y, batch_size=8, epochs=200, callbacks=[LongBatch()], verbose=0)\n")
+    assert result.status == "ok", result.error
+    kernel.wait_for(f"{RUN}.lifecycle.step > 0", timeout=60, interval=0.02)  # batch 1 (3.2 s) has begun
+    kernel.km.restart_kernel(now=False)
+    checkpoints = list((tmp_path / "checkpoints" / "long-batch").glob("*.keras"))
+    assert len(checkpoints) == 1
+    assert read_sidecar(checkpoints[0])["reason"] in ("stop", "interrupt")
+
+
+def test_sigterm_outside_a_shutdown_still_ends_an_idle_kernel(kernel):
+    import signal
+
+    kernel.km.signal_kernel(signal.SIGTERM)  # the extension's handler only holds it during a shutdown
+    wait_until(lambda: not kernel.alive(), timeout=10, message="the kernel to end on SIGTERM")
+
+
 HOOK_STATE = (
-    "[str(__import__('signal').getsignal(2)),"
+    "[str(__import__('signal').getsignal(2)), str(__import__('signal').getsignal(15)),"
     " sorted(k for k in ('pre_handler_hook', 'post_handler_hook', 'do_shutdown') if k in get_ipython().kernel.__dict__),"
     " 'interruptible_fit' in get_ipython().magics_manager.magics['cell'],"
     " (lambda s: (s.set_wakeup_fd(s.set_wakeup_fd(-1)), s.set_wakeup_fd(-1))[0])(__import__('signal'))]"

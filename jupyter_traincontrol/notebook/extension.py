@@ -26,7 +26,9 @@ While a run of this kernel is active:
   ``--on-interrupt`` command (default ``stop``); a second interrupt while
   they stop sends ``abort``. A busy cell still gets its ``KeyboardInterrupt``.
 - shutting down or restarting the kernel stops active runs with a checkpoint
-  first, waiting a few seconds at most.
+  first, waiting a few seconds at most; jupyter_client's SIGTERM is held
+  meanwhile (`kernel_shutdown.SigtermHold`), so the checkpoint has until its
+  SIGKILL.
 
 With no active run, interrupts behave exactly as without the extension.
 Unloading stops active runs gracefully and restores every hook. Loading
@@ -51,8 +53,9 @@ from .run import TrainingRun, active_runs
 __all__ = ["TrainControlMagics", "load", "unload", "stop_runs", "SHUTDOWN_GRACE_SECONDS"]
 
 #: How long kernel shutdown waits for active runs to stop with a checkpoint.
-#: jupyter_client kills a kernel that has not exited 5 s after a shutdown request.
-SHUTDOWN_GRACE_SECONDS = 3.5
+#: jupyter_client sends SIGTERM 2.5 s after a shutdown request (held while
+#: runs stop) and SIGKILL at 5 s (its default ``shutdown_wait_time``).
+SHUTDOWN_GRACE_SECONDS = 4.5
 #: How long `%unload_ext` waits for active runs to stop.
 UNLOAD_GRACE_SECONDS = 30.0
 
@@ -119,6 +122,7 @@ class TrainControlMagics(Magics):
         super().__init__(shell=shell)
         self.kernel = getattr(shell, "kernel", None)
         self.watcher = None
+        self.sigterm = None
         self._original_do_shutdown = None
         self._kernel_id = _kernel_id() if self.kernel is not None else None
         self._in_cell = False
@@ -136,11 +140,19 @@ class TrainControlMagics(Magics):
 
         self.watcher = KernelInterruptWatcher(self.kernel, self._on_interrupt, lambda: bool(active_runs()))
         self.watcher.install()
+        from .kernel_shutdown import SigtermHold
+
+        self.sigterm = SigtermHold()
+        self.sigterm.install()
         self._original_do_shutdown = self.kernel.__dict__.get("do_shutdown")
         original = self.kernel.do_shutdown
+        hold = self.sigterm
 
         def do_shutdown(restart):
-            stop_runs(active_runs(), SHUTDOWN_GRACE_SECONDS)
+            runs = active_runs()
+            if runs:
+                with hold.holding():
+                    stop_runs(runs, SHUTDOWN_GRACE_SECONDS)
             return original(restart)
 
         self.kernel.do_shutdown = do_shutdown
@@ -160,6 +172,9 @@ class TrainControlMagics(Magics):
         if self.watcher is not None:
             self.watcher.uninstall()
             self.watcher = None
+        if self.sigterm is not None:
+            self.sigterm.uninstall()
+            self.sigterm = None
         if self.kernel is not None:
             for name, callback in (("pre_run_cell", self._cell_began), ("post_run_cell", self._cell_ended)):
                 if callback in self.shell.events.callbacks[name]:
