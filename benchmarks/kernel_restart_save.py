@@ -21,6 +21,7 @@ Usage::
 
     python benchmarks/kernel_restart_save.py                      # 50, 200, 500, 1000 MB
     python benchmarks/kernel_restart_save.py --sizes 500,1000,1500
+    python benchmarks/kernel_restart_save.py --sizes 1000,2000 --shutdown-wait-time 20   # a server configured for it
     python benchmarks/kernel_restart_save.py --quick              # 1 MB (a smoke run)
 """
 
@@ -90,8 +91,16 @@ def _watch(folder: Path, pid: int, stop: threading.Event, found: dict) -> None:
         time.sleep(0.002)
 
 
-def restart_during_run(scratch: Path, megabytes: float) -> dict:
-    """One kernel, one run of a model of `megabytes`, one restart; what was left on disk."""
+def restart_during_run(scratch: Path, megabytes: float, wait_time: float | None = None) -> dict:
+    """One kernel, one run of a model of `megabytes`, one restart; what was left on disk.
+
+    Args:
+        scratch: Folder for the kernel's files.
+        megabytes: The checkpoint's size.
+        wait_time: jupyter_client's ``shutdown_wait_time`` (None: its
+            default, 5 s); the kernel's ``TrainControlMagics.shutdown_grace``
+            is set half a second below it.
+    """
     folder = scratch / f"ckpt-{megabytes:g}MB"
     units = units_for(megabytes)
     kernel = KernelSession(scratch, {"JUPYTER_RUNTIME_DIR": str(scratch / "runtime")})
@@ -100,6 +109,9 @@ def restart_during_run(scratch: Path, megabytes: float) -> dict:
         setup = kernel.execute(SETUP.format(units=units), timeout=600)
         if setup.status != "ok":
             raise RuntimeError(f"setup failed: {setup.ename}: {setup.evalue}")
+        if wait_time is not None:
+            kernel.km.shutdown_wait_time = wait_time
+            kernel.execute(f"%config TrainControlMagics.shutdown_grace = {wait_time - 0.5}")
         kernel.execute(CELL.format(folder=folder))
         kernel.wait_for("jupyter_traincontrol.runs()[-1].lifecycle.step > 1", timeout=120, interval=0.05)
         stop, found = threading.Event(), {}
@@ -133,13 +145,16 @@ def restart_during_run(scratch: Path, megabytes: float) -> dict:
 def main(argv=None) -> int:
     parser = _common.make_parser(__doc__, rounds=1, quick_rounds=1)
     parser.add_argument("--sizes", default="50,200,500,1000", help="checkpoint sizes in MB, comma-separated (default 50,200,500,1000)")
+    parser.add_argument("--shutdown-wait-time", type=float, default=None,
+                        help="jupyter_client's KernelManager.shutdown_wait_time (default its own, 5 s); the kernel's "
+                             "TrainControlMagics.shutdown_grace is set 0.5 s below it")
     args = _common.parse_args(parser, argv)
     sizes = [1.0] if args.quick else [float(s) for s in args.sizes.split(",")]
     rows, made_it = [], []
     with _common.scratch_folder(args.dir, "traincontrol-bench-restart-") as scratch:
         print(f"kernel_restart_save: one kernel restart during a run per size; in {scratch}", flush=True)
         for megabytes in sizes:
-            result = restart_during_run(scratch, megabytes)
+            result = restart_during_run(scratch, megabytes, args.shutdown_wait_time)
             rows.append([f"{result['file MB']:.0f} MB", result["sidecar s"] * 1e3, result["exit s"] * 1e3, result["ended by"],
                          result["complete"]])
             print(f"  {rows[-1]}", flush=True)
@@ -149,8 +164,9 @@ def main(argv=None) -> int:
           "-> old kernel process gone (ms), how jupyter_client ended the old kernel, and whether the checkpoint is listed and loads.")
     _common.print_table(["file", "sidecar ms", "exit ms", "old kernel", "checkpoint complete"], rows)
     largest = f"{max(made_it):.0f} MB" if made_it else "none"
+    wait = f"{args.shutdown_wait_time:g} s" if args.shutdown_wait_time is not None else "default (5 s)"
     _common.print_summary(f"kernel_restart_save: largest checkpoint complete after a restart = {largest} "
-                          f"(of {', '.join(f'{r[0]}' for r in rows)})")
+                          f"(of {', '.join(f'{r[0]}' for r in rows)}; shutdown_wait_time {wait})")
     return 0
 
 

@@ -28,7 +28,7 @@ def test_benchmark_quick_run_prints_its_summary(script, tmp_path):
     assert leftovers == []  # the scratch folder (checkpoints, FIFOs, runs) is gone
 
 
-@pytest.mark.parametrize("script", ["kernel_background", "kernel_interrupt", "panel_traffic"])
+@pytest.mark.parametrize("script", ["kernel_background", "kernel_interrupt", "panel_traffic", "kernel_restart_save"])
 def test_kernel_benchmark_quick_run_prints_its_summary(script):
     """The benchmarks that drive a real kernel (%%interruptible_fit), as smoke runs."""
     result = subprocess.run(

@@ -115,6 +115,12 @@ class TrainControlMagics(Magics):
         help="Write every checkpoint on the training thread, without a host copy of the model's and optimizer's "
         "variables (for when memory is short); by default a save holds training only while that copy is made.",
     ).tag(config=True)
+    shutdown_grace = Float(
+        SHUTDOWN_GRACE_SECONDS,
+        help="Seconds a kernel shutdown or restart waits for active runs to stop with a checkpoint (SIGTERM is "
+        "held meanwhile). jupyter_client kills the kernel at its KernelManager.shutdown_wait_time (5 s by "
+        "default): for large models raise both, this one about half a second below it.",
+    ).tag(config=True)
     refresh_rate = Float(5.0, help="Panel redraws a second, at most.").tag(config=True)
     name_prefix = Unicode("fit", help="Default run names are PREFIX-1, PREFIX-2, ...").tag(config=True)
 
@@ -152,7 +158,7 @@ class TrainControlMagics(Magics):
             runs = active_runs()
             if runs:
                 with hold.holding():
-                    stop_runs(runs, SHUTDOWN_GRACE_SECONDS)
+                    stop_runs(runs, self.shutdown_grace)
             return original(restart)
 
         self.kernel.do_shutdown = do_shutdown
