@@ -17,8 +17,9 @@
   of the variables) per run at a time.
 - ``stop`` (and an interrupt's stop): waits for the write in flight, then
   writes the weights of this boundary with the training thread waiting (no
-  copy: the model does not change meanwhile), and returns when the
-  checkpoint is on disk. Saves still waiting are answered with it.
+  copy: a snapshot of views of the variables, which do not change
+  meanwhile), and returns when the checkpoint is on disk. Saves still
+  waiting are answered with it.
 
 With ``background=False`` every checkpoint is written on the training
 thread, as ``model.save`` would be (no host copy: for short memory).
@@ -209,13 +210,24 @@ class BackgroundSaves:
             resume_state = self._resume_state(position)
             with self._guarded():
                 if self.background:  # flushing and pruning happen off the training thread
-                    checkpoint = self._writer.write(self.model, position, reason, lifecycle.metrics, resume_state)
+                    checkpoint = self._writer.write(self._waiting_source(), position, reason, lifecycle.metrics,
+                                                    resume_state)
                 else:
                     checkpoint = lifecycle.store.save(self.model, position, reason=reason, metrics=lifecycle.metrics,
                                                       run=lifecycle.name, resume_state=resume_state)
         except CheckpointError as error:
             return self._failed(error)
         return self._committed(checkpoint, position)
+
+    def _waiting_source(self):
+        """What the writer writes while the training thread waits: views of
+        the variables (`ModelSnapshot` without a copy; its writer skips two
+        copies ``model.save`` makes), or the model itself if they cannot be
+        taken."""
+        try:
+            return ModelSnapshot.take(self.model, copy=False)
+        except Exception:  # noqa: BLE001 - model.save then says what is wrong, as before
+            return self.model
 
     def _written(self, checkpoint: Checkpoint | None, error: BaseException | None) -> None:
         """On the writer thread: a background write ended."""

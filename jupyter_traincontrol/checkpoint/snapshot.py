@@ -120,7 +120,7 @@ class ModelSnapshot:
         self.nbytes = sum(getattr(value, "nbytes", 0) for _p, _m, items in entries for _k, value in items)
 
     @classmethod
-    def take(cls, model, buffers: SnapshotBuffers | None = None) -> "ModelSnapshot":
+    def take(cls, model, buffers: SnapshotBuffers | None = None, copy: bool = True) -> "ModelSnapshot":
         """Copies the state of `model` (call it on the training thread).
 
         Args:
@@ -128,6 +128,10 @@ class ModelSnapshot:
             buffers: Arrays to copy into, kept from the previous snapshot
                 (and given back when this one is released). None: new
                 arrays, dropped with the snapshot.
+            copy: False: keep views of the variables' buffers instead of
+                copies (no memory, no time), for a snapshot written while
+                the training thread waits: the model must not change
+                until the snapshot is saved and released.
 
         Raises:
             Exception: Whatever ``model.save`` would raise for a model that
@@ -137,7 +141,7 @@ class ModelSnapshot:
 
         sync_model_state(model)
         config_json, metadata_json = saving_lib._serialize_model_as_json(model)
-        recorder = _RecordingStore(buffers.borrow() if buffers is not None else [])
+        recorder = _RecordingStore(buffers.borrow() if buffers is not None and copy else [], copy)
         assets = saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=None, mode="w")
         try:
             with _optimizers_hand_variables(model):
@@ -145,10 +149,11 @@ class ModelSnapshot:
                                        visited_saveables=set())
         except BaseException:
             shutil.rmtree(assets.tmp_dir, ignore_errors=True)
-            if buffers is not None:
+            if buffers is not None and copy:
                 buffers.give_back(recorder.arrays)
             raise
-        return cls(config_json, metadata_json, recorder.entries, assets.tmp_dir, recorder.arrays, buffers)
+        return cls(config_json, metadata_json, recorder.entries, assets.tmp_dir, recorder.arrays,
+                   buffers if copy else None)
 
     def save(self, path) -> None:
         """Writes the ``.keras`` file at `path` (a new file), from the copy."""
@@ -157,7 +162,7 @@ class ModelSnapshot:
         with open(path, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
             archive.writestr(saving_lib._METADATA_FILENAME, self._metadata_json)
             archive.writestr(saving_lib._CONFIG_FILENAME, self._config_json)
-            store = saving_lib.H5IOStore(saving_lib._VARS_FNAME_H5, archive=archive, mode="w")
+            store = _WeightsStore(saving_lib._VARS_FNAME_H5, archive=archive, mode="w")
             try:
                 for inner_path, metadata, items in self._entries:
                     store.make(inner_path, metadata=metadata)
@@ -273,11 +278,12 @@ def _make_recording_store():
         dtype match, else into a new array; those arrays are `arrays`.
         """
 
-        def __init__(self, kept: list):  # noqa: D401 - no file: H5IOStore's __init__ is not called
+        def __init__(self, kept: list, copy: bool = True):  # noqa: D401 - no file: H5IOStore's __init__ is not called
             self.mode = "w"
             self.entries: list = []
             self.arrays: list = []
             self._kept = kept
+            self._copy = copy
 
         def make(self, path, metadata=None):
             self.entries.append((path, metadata, []))
@@ -287,6 +293,8 @@ def _make_recording_store():
             view = _variable_view(value) if isinstance(value, KerasVariable) else None
             if view is None:
                 copy = _host_copy(value)
+            elif not self._copy:
+                copy = view  # the model waits until this snapshot is written
             else:
                 index = len(self.arrays)
                 kept = self._kept[index] if index < len(self._kept) else None
@@ -310,8 +318,61 @@ def _make_recording_store():
 _RECORDING_STORE = None
 
 
-def _RecordingStore(kept: list):
+def _RecordingStore(kept: list, copy: bool = True):
     global _RECORDING_STORE
     if _RECORDING_STORE is None:
         _RECORDING_STORE = _make_recording_store()
-    return _RECORDING_STORE(kept)
+    return _RECORDING_STORE(kept, copy)
+
+
+def _make_weights_store():
+    import time
+
+    import numpy as np
+    from keras.src import backend
+    from keras.src.saving import saving_lib
+
+    class WeightsStore(saving_lib.H5IOStore):
+        """Keras's ``.weights.h5`` writer, without its two extra copies.
+
+        Host arrays go to h5py as they are (Keras converts every value with
+        ``convert_to_numpy``, a copy of an array already on the host), and
+        the finished HDF5 image is streamed into the zip from its buffer
+        (Keras copies it out with ``getvalue()`` first). Same file.
+        """
+
+        def __setitem__(self, key, value):
+            if not isinstance(value, np.ndarray) or backend.standardize_dtype(value.dtype) == "bfloat16":
+                return super().__setitem__(key, value)
+            if not self._h5_entry_initialized:
+                self._create_h5_group(self._h5_entry_path)
+            self._h5_entry_group[key] = value
+
+        def close(self):
+            self.h5_file.close()
+            if self.mode == "w" and self.archive:
+                buffer = self.io_file.getbuffer()
+                try:
+                    info = zipfile.ZipInfo(str(self.path_or_io), date_time=time.localtime(time.time())[:6])
+                    info.compress_type = self.archive.compression
+                    info.external_attr = 0o600 << 16  # as ZipFile.writestr
+                    info.file_size = len(buffer)
+                    with self.archive.open(info, "w") as entry:
+                        for start in range(0, len(buffer), 1 << 24):
+                            entry.write(buffer[start:start + (1 << 24)])
+                finally:
+                    buffer.release()
+            if self.io_file:
+                self.io_file.close()
+
+    return WeightsStore
+
+
+_WEIGHTS_STORE = None
+
+
+def _WeightsStore(*args, **kwargs):
+    global _WEIGHTS_STORE
+    if _WEIGHTS_STORE is None:
+        _WEIGHTS_STORE = _make_weights_store()
+    return _WEIGHTS_STORE(*args, **kwargs)
