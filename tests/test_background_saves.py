@@ -107,6 +107,18 @@ def test_snapshots_reuse_their_host_arrays_and_each_file_is_its_own_boundary(mak
     assert buffers.nbytes == 0
 
 
+def test_a_snapshot_of_views_writes_the_same_file_as_model_save(make_model, tiny_data, tmp_path):
+    model = make_model()
+    _fit(model, tiny_data)
+    views = ModelSnapshot.take(model, SnapshotBuffers(), copy=False)  # a stop's: the model waits for the write
+    assert views._arrays == [] and views._buffers is None  # nothing copied, nothing kept
+    views.save(tmp_path / "views.keras")
+    views.release()
+    model.save(tmp_path / "plain.keras")
+    for a, b in zip(_loaded_state(tmp_path / "views.keras"), _loaded_state(tmp_path / "plain.keras"), strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_back_to_back_background_saves_each_hold_their_boundary_and_the_copy_is_dropped_at_the_end(
         make_model, tiny_data, tmp_path):
     model = make_model()

@@ -20,8 +20,14 @@ model, an optimizer that keeps Keras's own ``save_own_variables`` (the
 variables in order, keys ``"0"``, ``"1"``...) hands the store its variables
 instead of their ``numpy()`` copies; the file's layout is the same.
 
+With ``copy=False`` the snapshot keeps views of the variables' buffers
+instead: no memory and no time, for a checkpoint written while the training
+thread waits (a ``stop``), so that it skips the copies ``model.save`` makes.
+
 `ModelSnapshot.save(path)` then writes the ``.keras`` file from that copy,
-on any thread, without touching the model: the zip holds the same
+on any thread, without touching the model (host arrays go to h5py as they
+are, and the HDF5 image is streamed into the zip from its buffer: two
+copies fewer than ``model.save``): the zip holds the same
 ``metadata.json``, ``config.json``, ``model.weights.h5`` and ``assets/`` as
 ``model.save`` would have written at the moment of the snapshot, and
 `keras.models.load_model` opens it. It has a ``save(path)`` method like a
