@@ -22,6 +22,12 @@ probe either
   saves never compete with it. With ``--foreground`` the run saves on the
   training thread (``save_in_background=False``), as before.
 
+Memory: in a separate short fit (untimed), a thread samples the process's
+resident memory every 2 ms around a plain ``model.save``, the first save
+command (its host copy is mapped then) and a later one (which reuses it):
+the peak above the level before each, and what stays resident once the
+write is done (the host copy the run keeps for its next save).
+
 The two alternate, round after round, in two spacings: ``written-back``
 (before each measured save, `os.sync` has the kernel write all dirty data,
 untimed, as it does by itself within about 30 s: how saves minutes apart
@@ -43,6 +49,7 @@ import math
 import os
 import pstats
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -168,6 +175,107 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
     return results
 
 
+class ResidentMemory:
+    """Samples this process's resident memory (RSS) on a thread, for peaks.
+
+    Example:
+
+    >>> with ResidentMemory() as memory:          # doctest: +SKIP
+    ...     base = memory.mark(); work(); peak = memory.peak_since_mark() - base
+    """
+
+    PAGE = os.sysconf("SC_PAGE_SIZE")
+
+    def __init__(self, interval: float = 0.002):
+        self._interval = interval
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="bench-rss", daemon=True)
+
+    @classmethod
+    def now(cls) -> int:
+        """Resident bytes now."""
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * cls.PAGE
+
+    def mark(self) -> int:
+        """Starts a new peak; returns the resident bytes now."""
+        self._peak = now = self.now()
+        return now
+
+    def peak_since_mark(self) -> int:
+        """The highest resident bytes seen since `mark` (now included)."""
+        self._peak = max(self._peak, self.now())
+        return self._peak
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._peak = max(self._peak, self.now())
+
+    def __enter__(self) -> "ResidentMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure_memory(model, folder: Path) -> dict[str, float]:
+    """Resident memory around a plain save and two save commands (bytes).
+
+    Returns:
+        ``model.save peak``, ``first save peak``, ``later save peak`` (each
+        the peak above the level just before it), ``kept after write`` (the
+        level once the later save's write is done, above the level before
+        the first save command) and ``host copy`` (bytes of the arrays the
+        run keeps).
+    """
+    import keras
+    import numpy as np
+
+    from jupyter_traincontrol import ControlCallback
+    from jupyter_traincontrol.channel import send_command
+
+    control = ControlCallback(name="bench-memory", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False,
+                              handle_sigint=False)
+    found: dict[str, float] = {}
+    if not hasattr(os, "sysconf") or not os.path.exists("/proc/self/statm"):
+        return found
+
+    class Probe(keras.callbacks.Callback):
+        def __init__(self, memory: ResidentMemory):
+            super().__init__()
+            self.memory, self.step, self.base, self.before_first = memory, 0, 0, 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
+            writer = control._actions.saves._writer
+            if self.step in (2, 3):  # the save command of the step before has been taken: wait for its write
+                writer.wait()
+                name = "first save peak" if self.step == 2 else "later save peak"
+                found[name] = self.memory.peak_since_mark() - self.base
+            if self.step == 3:
+                found["kept after write"] = self.memory.now() - self.before_first
+                found["host copy"] = control._actions.saves._buffers.nbytes
+            if self.step == 1:
+                self.base = self.memory.mark()
+                self.model.save(folder / "plain.keras")
+                found["model.save peak"] = self.memory.peak_since_mark() - self.base
+            if self.step in (1, 2):
+                if self.step == 1:
+                    self.before_first = self.memory.now()
+                self.base = self.memory.mark()
+                send_command(control.fifo, "save")
+                _common.wait_for(lambda: control.lifecycle.channel.pending, 10, "the save command to be queued")
+
+    units = model.input_shape[-1]
+    x = np.zeros((4, units), "float32")
+    with ResidentMemory() as memory:
+        model.fit(x, x, batch_size=1, epochs=1, shuffle=False, verbose=0, callbacks=[Probe(memory), control])
+    return found
+
+
 def _snapshot_bytes(model) -> float:
     """Bytes of the host copy a background save holds while it is written."""
     from jupyter_traincontrol.checkpoint import ModelSnapshot
@@ -240,6 +348,7 @@ def profile_parts(model, folder: Path, rounds: int, written_back: bool) -> dict[
 
 
 SPACINGS = {"written-back": True, "back-to-back": False}
+MEMORY_COLUMNS = ("model.save peak", "first save peak", "later save peak", "kept after write", "host copy")
 
 
 def main(argv=None) -> int:
@@ -256,7 +365,7 @@ def main(argv=None) -> int:
     summary = []
     with _common.scratch_folder(args.dir, "traincontrol-bench-ckpt-") as scratch:
         print(f"checkpoint_cost: {args.rounds} rounds per size and spacing, variants alternating in one fit; in {scratch}")
-        rows, part_rows = [], []
+        rows, part_rows, memory_rows, summary_memory = [], [], [], []
         for megabytes in sizes:
             model = model_with_file_size(megabytes, seed=args.seed)
             for spacing in spacings:
@@ -269,27 +378,47 @@ def main(argv=None) -> int:
                 plain, ours = _common.median(times["model.save"]), _common.median(times["save command"])
                 new_file = _common.median(times["model.save, new file"])
                 protocol = _common.median([h - m for h, m in zip(times["save command"], times["model.save in command"])])
+                if not args.foreground:  # no model.save on the training thread: the held time is the snapshot
+                    protocol = math.nan
                 ratio, new_file_ratio = _common.median(ratios), _common.median(new_file_ratios)
                 rows.append([f"{file_mb:.1f} MB", times["snapshot bytes"][0] / 1e6 if not args.foreground else 0.0, spacing, plain * 1e3, new_file * 1e3, ours * 1e3,
                              ratio, new_file_ratio, f"{min(new_file_ratios):.2f}-{max(new_file_ratios):.2f}",
                              protocol * 1e3, 1 + protocol / plain])
-                summary.append(f"{file_mb:.0f}MB {spacing} {ratio:.2f}x / {new_file_ratio:.2f}x (protocol {1 + protocol / plain:.2f}x)")
+                summary.append(f"{file_mb:.0f}MB {spacing} {ratio:.2f}x / {new_file_ratio:.2f}x"
+                               + ("" if math.isnan(protocol) else f" (protocol {1 + protocol / plain:.2f}x)"))
+            if not args.foreground:
+                memory_folder = scratch / f"{megabytes:g}MB-memory"
+                memory_folder.mkdir()
+                found = measure_memory(model, memory_folder)
+                if found:
+                    memory_rows.append([f"{file_mb:.1f} MB"] + [found[name] / 1e6 for name in MEMORY_COLUMNS])
+                    summary_memory.append(f"{file_mb:.0f}MB copy {found['host copy'] / 1e6:.0f} MB "
+                                          f"(peak {found['first save peak'] / 1e6:.0f} MB vs model.save "
+                                          f"{found['model.save peak'] / 1e6:.0f} MB)")
             parts = profile_parts(model, scratch / f"{megabytes:g}MB-{spacings[0]}", max(2, args.rounds // 2),
                                   SPACINGS[spacings[0]])
             part_rows.append([f"{file_mb:.1f} MB"] + [_common.median(seconds) * 1e3 for seconds in parts.values()])
             del model
         print("\nTraining thread held (ms, medians). Ratios: medians of the per-round ratios of the save command to "
               "model.save (overwrite) and to model.save (new file), with the range of the latter.\n"
-              "protocol: held time minus the model.save inside it (median); protocol ratio: 1 + protocol / model.save.")
+              "protocol (--foreground only): held time minus the model.save inside it (median); protocol ratio: 1 + protocol / "
+              "model.save.")
         _common.print_table(
             ["file", "snapshot MB", "spacing", "model.save", "new file", "save command", "ratio", "ratio new", "range new",
              "protocol", "protocol ratio"], rows
         )
+        if memory_rows:
+            print("\nResident memory (MB): peak above the level just before a plain model.save, the first save command "
+                  "(its host copy is mapped) and a later one (reusing it), until its write is done; kept: resident "
+                  "once the write is done, above the level before the first save command; host copy: the arrays "
+                  "the run keeps for its next save (until fit ends).")
+            _common.print_table(["file", *MEMORY_COLUMNS], memory_rows)
         print(f"\nCheckpointStore.save alone, profiled with cProfile ({spacings[0]}; ms, medians; cProfile slows Python code)")
         _common.print_table(["file", *parts], part_rows)
     _common.print_summary(
         "checkpoint_cost: save command / plain model.save (overwrite / new file) = "
         f"{', '.join(summary)} (goal <= {GOAL_RATIO_FOREGROUND if args.foreground else GOAL_RATIO}x)"
+        + (f"; memory: {', '.join(summary_memory)}" if summary_memory else "")
     )
     return 0
 

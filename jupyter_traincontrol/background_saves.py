@@ -6,6 +6,9 @@
   and optimizer's variables to host memory (the only time training is
   held); a `CheckpointWriter` thread writes the ``.keras`` file and its
   sidecar with the store's crash-safe protocol, flushes and prunes. The
+  host arrays of that copy are kept (`SnapshotBuffers`) and reused by the
+  next snapshot, until the end of `fit`: one host copy of the variables
+  from the first ``save`` on, and no fresh memory to map at each save. The
   request is acknowledged (``applied`` with the file, or ``failed``) when
   the checkpoint is committed, so ``send --wait`` waits for the file.
 - a ``save`` that arrives while a write is in flight waits, and every save
@@ -14,8 +17,9 @@
   of the variables) per run at a time.
 - ``stop`` (and an interrupt's stop): waits for the write in flight, then
   writes the weights of this boundary with the training thread waiting (no
-  copy: the model does not change meanwhile), and returns when the
-  checkpoint is on disk. Saves still waiting are answered with it.
+  copy: a snapshot of views of the variables, which do not change
+  meanwhile), and returns when the checkpoint is on disk. Saves still
+  waiting are answered with it.
 
 With ``background=False`` every checkpoint is written on the training
 thread, as ``model.save`` would be (no host copy: for short memory).
@@ -28,7 +32,8 @@ import sys
 import threading
 from typing import Callable, ContextManager, Protocol
 
-from .checkpoint import Checkpoint, CheckpointError, CheckpointWriter, ModelSnapshot, TrainingPosition, sync_model_state
+from .checkpoint import (Checkpoint, CheckpointError, CheckpointWriter, ModelSnapshot, SnapshotBuffers, TrainingPosition,
+                         sync_model_state)
 from .commands import Request
 from .lifecycle import RunLifecycle
 
@@ -82,6 +87,7 @@ class BackgroundSaves:
         self._last_outcome: Outcome | None = None  # and its outcome, once written
         self._say = say
         self._writer = CheckpointWriter(lifecycle.store, lifecycle.name or "run")
+        self._buffers = SnapshotBuffers()  # the host copy, reused from one snapshot to the next
         self._lock = threading.RLock()  # re-entrant: a second Ctrl+C ends the run from a signal handler
         self._waiting: list[Request] = []  # saves not yet in a checkpoint being written
         self._in_flight: list[Request] = []  # saves the write in flight answers
@@ -146,7 +152,7 @@ class BackgroundSaves:
             return
         try:
             with self._guarded():
-                snapshot = ModelSnapshot.take(self.model)
+                snapshot = ModelSnapshot.take(self.model, self._buffers)
         except Exception as error:
             self._last_outcome = self._failed(CheckpointError(f"Could not copy the model's state: {error}"))
             self._answer(requests, *self._last_outcome)
@@ -167,10 +173,11 @@ class BackgroundSaves:
         return outcome
 
     def close(self) -> None:
-        """At the end of `fit`: waits for the write in flight; saves still
-        waiting are written now (on the training thread) or, from any other
-        thread, answered as failed."""
+        """At the end of `fit`: waits for the write in flight and drops the
+        host copy; saves still waiting are written now (on the training
+        thread) or, from any other thread, answered as failed."""
         self._writer.wait()
+        self._buffers.clear()
         with self._lock:
             requests, self._waiting, self.due = self._waiting, [], False
         if not requests:
@@ -203,13 +210,24 @@ class BackgroundSaves:
             resume_state = self._resume_state(position)
             with self._guarded():
                 if self.background:  # flushing and pruning happen off the training thread
-                    checkpoint = self._writer.write(self.model, position, reason, lifecycle.metrics, resume_state)
+                    checkpoint = self._writer.write(self._waiting_source(), position, reason, lifecycle.metrics,
+                                                    resume_state)
                 else:
                     checkpoint = lifecycle.store.save(self.model, position, reason=reason, metrics=lifecycle.metrics,
                                                       run=lifecycle.name, resume_state=resume_state)
         except CheckpointError as error:
             return self._failed(error)
         return self._committed(checkpoint, position)
+
+    def _waiting_source(self):
+        """What the writer writes while the training thread waits: views of
+        the variables (`ModelSnapshot` without a copy; its writer skips two
+        copies ``model.save`` makes), or the model itself if they cannot be
+        taken."""
+        try:
+            return ModelSnapshot.take(self.model, copy=False)
+        except Exception:  # noqa: BLE001 - model.save then says what is wrong, as before
+            return self.model
 
     def _written(self, checkpoint: Checkpoint | None, error: BaseException | None) -> None:
         """On the writer thread: a background write ended."""

@@ -78,8 +78,9 @@ class ControlCallback(keras.callbacks.Callback):
             copied to host memory, and write ``save`` checkpoints on a
             writer thread (one at a time; saves asked for meanwhile are
             merged into the next). Costs one host copy of the model's and
-            optimizer's variables while a write is in flight. False: write
-            on the training thread (no copy). Defaults to True.
+            optimizer's variables, kept from the first ``save`` to the end
+            of `fit` and reused by each save. False: write on the training
+            thread (no copy). Defaults to True.
         tunables: Names to Keras variables the model reads (a dropout
             rate, a loss weight) that ``set NAME=VALUE`` may change, next to
             the optimizer's hyperparameters. Defaults to none.

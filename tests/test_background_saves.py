@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.checkpoint import ModelSnapshot
+from jupyter_traincontrol.checkpoint import ModelSnapshot, SnapshotBuffers
 
 BACKEND = keras.backend.backend()
 
@@ -79,6 +79,64 @@ def test_snapshot_file_is_the_state_of_its_boundary_and_loads(make_model, tiny_d
         assert np.array_equal(a, b)
     assert snapshot.nbytes > 0
     snapshot.release()
+
+
+def test_snapshots_reuse_their_host_arrays_and_each_file_is_its_own_boundary(make_model, tiny_data, tmp_path):
+    model = make_model()
+    _fit(model, tiny_data)
+    buffers = SnapshotBuffers()
+    first = ModelSnapshot.take(model, buffers)
+    assert "save_own_variables" not in vars(model.optimizer)  # the walk's hand-over is undone
+    model.save(tmp_path / "first-plain.keras")
+    arrays = [id(a) for a in first._arrays]
+    assert len(arrays) == len(model.weights) + len(model.optimizer.variables)  # every variable copied once, into them
+    first.save(tmp_path / "first.keras")
+    first.release()
+    assert buffers.nbytes == first.nbytes > 0  # kept for the next snapshot
+    _fit(model, tiny_data)
+    second = ModelSnapshot.take(model, buffers)
+    assert [id(a) for a in second._arrays] == arrays and buffers.nbytes == 0  # the same arrays, now held
+    model.save(tmp_path / "second-plain.keras")
+    second.save(tmp_path / "second.keras")
+    second.release()
+    for snap, plain in (("first", "first-plain"), ("second", "second-plain")):
+        for a, b in zip(_loaded_state(tmp_path / f"{snap}.keras"), _loaded_state(tmp_path / f"{plain}.keras"), strict=True):
+            assert np.array_equal(a, b), snap
+    assert not np.array_equal(_loaded_state(tmp_path / "first.keras")[0], _loaded_state(tmp_path / "second.keras")[0])
+    buffers.clear()
+    assert buffers.nbytes == 0
+
+
+def test_a_snapshot_of_views_writes_the_same_file_as_model_save(make_model, tiny_data, tmp_path):
+    model = make_model()
+    _fit(model, tiny_data)
+    views = ModelSnapshot.take(model, SnapshotBuffers(), copy=False)  # a stop's: the model waits for the write
+    assert views._arrays == [] and views._buffers is None  # nothing copied, nothing kept
+    views.save(tmp_path / "views.keras")
+    views.release()
+    model.save(tmp_path / "plain.keras")
+    for a, b in zip(_loaded_state(tmp_path / "views.keras"), _loaded_state(tmp_path / "plain.keras"), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_back_to_back_background_saves_each_hold_their_boundary_and_the_copy_is_dropped_at_the_end(
+        make_model, tiny_data, tmp_path):
+    model = make_model()
+    control = ControlCallback(name="reuse", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False)
+    probe = Scripted(control, {2: ["save #a"], 3: ["save #b"], 12: ["save #c"]}, on_phase=_slow(0.3))
+
+    class WaitForWriter(keras.callbacks.Callback):  # b reuses a's arrays, c reuses b's: never two copies at once
+        def on_train_batch_end(self, batch, logs=None):
+            if probe.count in (5, 10):
+                control._actions.saves._writer.wait()
+
+    _fit(model, tiny_data, control, probe, WaitForWriter())
+    checkpoints = control.lifecycle.checkpoints()
+    assert len(checkpoints) == 3, [c.path.name for c in checkpoints]
+    for checkpoint in checkpoints:
+        for a, b in zip(_loaded_state(checkpoint.path), probe.states[checkpoint.info["global_step"]], strict=True):
+            assert np.array_equal(a, b), checkpoint.info["global_step"]
+    assert control._actions.saves._buffers.nbytes == 0  # the host copy does not outlive the fit
 
 
 def test_a_save_is_written_in_the_background_with_the_weights_of_its_boundary(make_model, tiny_data, tmp_path):

@@ -46,7 +46,7 @@ def quick_run(script: str, tmp_path, timeout: float = 120) -> subprocess.Complet
     return result
 
 
-@pytest.mark.parametrize("script", ["kernel_background", "kernel_interrupt", "panel_traffic"])
+@pytest.mark.parametrize("script", ["kernel_background", "kernel_interrupt", "panel_traffic", "kernel_restart_save"])
 def test_kernel_benchmark_quick_run_prints_its_summary(script):
     """The benchmarks that drive a real kernel (%%interruptible_fit), as smoke runs."""
     result = subprocess.run(

@@ -296,8 +296,31 @@ def test_kernel_restart_during_a_run_checkpoints_first(kernel, tmp_path):
     assert read_sidecar(checkpoints[0])["reason"] in ("stop", "interrupt")
 
 
+def test_a_restart_waits_past_jupyter_clients_sigterm_for_the_stop_checkpoint(kernel, tmp_path):
+    # jupyter_client sends SIGTERM 2.5 s after the shutdown request; the batch
+    # in flight ends about 3 s after the restart, so its checkpoint is written
+    # only because SIGTERM is held while the run stops (SIGKILL comes at 5 s).
+    kernel.execute("class LongBatch(keras.callbacks.Callback):\n"
+                   "    def on_train_batch_begin(self, batch, logs=None): time.sleep(3.2 if batch else 0)\n")
+    result = kernel.execute("%%interruptible_fit --name long-batch\n"
+                            "model.fit(x, y, batch_size=8, epochs=200, callbacks=[LongBatch()], verbose=0)\n")
+    assert result.status == "ok", result.error
+    kernel.wait_for(f"{RUN}.lifecycle.step > 0", timeout=60, interval=0.02)  # batch 1 (3.2 s) has begun
+    kernel.km.restart_kernel(now=False)
+    checkpoints = list((tmp_path / "checkpoints" / "long-batch").glob("*.keras"))
+    assert len(checkpoints) == 1
+    assert read_sidecar(checkpoints[0])["reason"] in ("stop", "interrupt")
+
+
+def test_sigterm_outside_a_shutdown_still_ends_an_idle_kernel(kernel):
+    import signal
+
+    kernel.km.signal_kernel(signal.SIGTERM)  # the extension's handler only holds it during a shutdown
+    wait_until(lambda: not kernel.alive(), timeout=10, message="the kernel to end on SIGTERM")
+
+
 HOOK_STATE = (
-    "[str(__import__('signal').getsignal(2)),"
+    "[str(__import__('signal').getsignal(2)), str(__import__('signal').getsignal(15)),"
     " sorted(k for k in ('pre_handler_hook', 'post_handler_hook', 'do_shutdown') if k in get_ipython().kernel.__dict__),"
     " 'interruptible_fit' in get_ipython().magics_manager.magics['cell'],"
     " (lambda s: (s.set_wakeup_fd(s.set_wakeup_fd(-1)), s.set_wakeup_fd(-1))[0])(__import__('signal'))]"
@@ -358,6 +381,19 @@ def test_defaults_are_configurable_with_traitlets(kernel, tmp_path):
     kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
     kept = sorted((tmp_path / "ckpts" / "configured-dir").glob("*.keras"))
     assert len(kept) == 1 and kept[0].name.startswith("ckpt-000003-")  # keep=1
+
+
+def test_sync_saves_by_option_or_config_saves_on_the_training_thread(kernel):
+    background = f"{RUN}.callback.save_in_background"
+    cell = "%%interruptible_fit --name {name} {options}\nmodel.fit(x, y, epochs=1, verbose=0)\n"
+    for name, options, config in [("bg", "", None), ("sync", "--sync-saves", None), ("cfg", "", "True")]:
+        if config is not None:
+            kernel.execute(f"%config TrainControlMagics.sync_saves = {config}")
+        assert kernel.execute(cell.format(name=name, options=options)).status == "ok"
+        kernel.wait_for(f"{RUN}.state == 'finished'", timeout=30)
+        assert kernel.value(f"({RUN}.name, {background})") == [name, name == "bg"]
+    help_text = " ".join(kernel.value("get_ipython().magics_manager.magics['cell']['interruptible_fit'].__doc__").split())
+    assert "--sync-saves" in help_text and "without a host copy of the variables" in help_text
 
 
 def test_loads_from_the_kernel_config_too(tmp_path, runtime_dir):

@@ -23,7 +23,7 @@ from .records import (
     TrainingPosition,
 )
 from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, parse_sidecar, read_sidecar
-from .snapshot import ModelSnapshot, sync_model_state
+from .snapshot import ModelSnapshot, SnapshotBuffers, sync_model_state
 from .store import LOCK_FILE, CheckpointStore, assign_variables, copy_variables, restore_weights
 from .writer import CheckpointWriter, WriterBusyError
 
@@ -42,6 +42,7 @@ __all__ = [
     "Restored",
     "SIDECAR_FORMAT",
     "SkippedCheckpoint",
+    "SnapshotBuffers",
     "TOOL",
     "TrainingPosition",
     "assign_variables",

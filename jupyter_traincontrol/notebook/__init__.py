@@ -7,6 +7,7 @@
 - `output`: what that thread prints goes to the run, not to the current cell.
 - `panel`: the ipywidgets panel (or a text reporter outside a notebook).
 - `kernel_interrupts`: hears kernel interrupts whether the kernel is idle or busy.
+- `kernel_shutdown`: holds SIGTERM while active runs stop at a kernel shutdown or restart.
 
 Nothing in the core package imports this one.
 """

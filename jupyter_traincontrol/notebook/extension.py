@@ -26,7 +26,9 @@ While a run of this kernel is active:
   ``--on-interrupt`` command (default ``stop``); a second interrupt while
   they stop sends ``abort``. A busy cell still gets its ``KeyboardInterrupt``.
 - shutting down or restarting the kernel stops active runs with a checkpoint
-  first, waiting a few seconds at most.
+  first, waiting a few seconds at most; jupyter_client's SIGTERM is held
+  meanwhile (`kernel_shutdown.SigtermHold`), so the checkpoint has until its
+  SIGKILL.
 
 With no active run, interrupts behave exactly as without the extension.
 Unloading stops active runs gracefully and restores every hook. Loading
@@ -43,7 +45,7 @@ from pathlib import Path
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode
 
 from ..registry import NameTakenError, unique_name, validate_name
 from .run import TrainingRun, active_runs
@@ -51,8 +53,9 @@ from .run import TrainingRun, active_runs
 __all__ = ["TrainControlMagics", "load", "unload", "stop_runs", "SHUTDOWN_GRACE_SECONDS"]
 
 #: How long kernel shutdown waits for active runs to stop with a checkpoint.
-#: jupyter_client kills a kernel that has not exited 5 s after a shutdown request.
-SHUTDOWN_GRACE_SECONDS = 3.5
+#: jupyter_client sends SIGTERM 2.5 s after a shutdown request (held while
+#: runs stop) and SIGKILL at 5 s (its default ``shutdown_wait_time``).
+SHUTDOWN_GRACE_SECONDS = 4.5
 #: How long `%unload_ext` waits for active runs to stop.
 UNLOAD_GRACE_SECONDS = 30.0
 
@@ -107,6 +110,17 @@ class TrainControlMagics(Magics):
         help="What a batch whose loss is not finite does: stop (no checkpoint of it), "
         "rollback (newest checkpoint, half the learning rate, at most 3 times) or ignore.",
     ).tag(config=True)
+    sync_saves = Bool(
+        False,
+        help="Write every checkpoint on the training thread, without a host copy of the model's and optimizer's "
+        "variables (for when memory is short); by default a save holds training only while that copy is made.",
+    ).tag(config=True)
+    shutdown_grace = Float(
+        SHUTDOWN_GRACE_SECONDS,
+        help="Seconds a kernel shutdown or restart waits for active runs to stop with a checkpoint (SIGTERM is "
+        "held meanwhile). jupyter_client kills the kernel at its KernelManager.shutdown_wait_time (5 s by "
+        "default): for large models raise both, this one about half a second below it.",
+    ).tag(config=True)
     refresh_rate = Float(5.0, help="Panel redraws a second, at most.").tag(config=True)
     name_prefix = Unicode("fit", help="Default run names are PREFIX-1, PREFIX-2, ...").tag(config=True)
 
@@ -114,6 +128,7 @@ class TrainControlMagics(Magics):
         super().__init__(shell=shell)
         self.kernel = getattr(shell, "kernel", None)
         self.watcher = None
+        self.sigterm = None
         self._original_do_shutdown = None
         self._kernel_id = _kernel_id() if self.kernel is not None else None
         self._in_cell = False
@@ -131,11 +146,19 @@ class TrainControlMagics(Magics):
 
         self.watcher = KernelInterruptWatcher(self.kernel, self._on_interrupt, lambda: bool(active_runs()))
         self.watcher.install()
+        from .kernel_shutdown import SigtermHold
+
+        self.sigterm = SigtermHold()
+        self.sigterm.install()
         self._original_do_shutdown = self.kernel.__dict__.get("do_shutdown")
         original = self.kernel.do_shutdown
+        hold = self.sigterm
 
         def do_shutdown(restart):
-            stop_runs(active_runs(), SHUTDOWN_GRACE_SECONDS)
+            runs = active_runs()
+            if runs:
+                with hold.holding():
+                    stop_runs(runs, self.shutdown_grace)
             return original(restart)
 
         self.kernel.do_shutdown = do_shutdown
@@ -155,6 +178,9 @@ class TrainControlMagics(Magics):
         if self.watcher is not None:
             self.watcher.uninstall()
             self.watcher = None
+        if self.sigterm is not None:
+            self.sigterm.uninstall()
+            self.sigterm = None
         if self.kernel is not None:
             for name, callback in (("pre_run_cell", self._cell_began), ("post_run_cell", self._cell_ended)):
                 if callback in self.shell.events.callbacks[name]:
@@ -200,6 +226,10 @@ class TrainControlMagics(Magics):
         help="what a non-finite loss does: stop (default), rollback (newest checkpoint, half the learning rate) or ignore",
     )
     @argument(
+        "--sync-saves", action="store_true",
+        help="save on the training thread, without a host copy of the variables; for when memory is short",
+    )
+    @argument(
         "--tunables", metavar="NAME",
         help="a dict in the namespace, names to Keras variables the model reads, that `set NAME=VALUE` may change",
     )
@@ -239,6 +269,7 @@ class TrainControlMagics(Magics):
                 on_interrupt=args.on_interrupt or self.on_interrupt,
                 tunables=tunables,
                 on_nan=args.on_nan or self.on_nan,
+                save_in_background=not (args.sync_saves or self.sync_saves),
             )
         except NameTakenError as error:
             raise UsageError(f"%%interruptible_fit: {error}") from None

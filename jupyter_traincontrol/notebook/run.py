@@ -116,6 +116,10 @@ class TrainingRun(FitInterceptor):
             `ControlCallback`).
         on_nan: ``stop``, ``rollback`` or ``ignore``: what a non-finite
             loss does (see `ControlCallback`). Defaults to ``stop``.
+        save_in_background: Hold training only while the variables are
+            copied to host memory (see `ControlCallback`). False: every
+            checkpoint is written on the training thread, with no host
+            copy. Defaults to True.
 
     Example:
 
@@ -138,6 +142,7 @@ class TrainingRun(FitInterceptor):
         filename: str = "<interruptible_fit>",
         tunables: dict | None = None,
         on_nan: str = "stop",
+        save_in_background: bool = True,
     ):
         self.on_interrupt = parse_command(on_interrupt)
         if self.on_interrupt not in (Command.STOP, Command.SAVE, Command.ABORT):
@@ -148,7 +153,8 @@ class TrainingRun(FitInterceptor):
 
         self.lifecycle = RunLifecycle(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
         self.callback = ControlCallback(
-            lifecycle=self.lifecycle, resume=resume, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan
+            lifecycle=self.lifecycle, resume=resume, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan,
+            save_in_background=save_in_background,
         )
         self.output = OutputBuffer()
         self.history = None
