@@ -338,6 +338,12 @@ def _make_weights_store():
     from keras.src import backend
     from keras.src.saving import saving_lib
 
+    # The lean path leans on H5IOStore's internals (Keras 3.x up to at least
+    # 3.15); where they differ, the store is Keras's own, unchanged.
+    store_init = saving_lib.H5IOStore.__init__.__code__.co_names
+    _LEAN_WRITE = hasattr(saving_lib.H5IOStore, "_create_h5_group") and all(
+        name in store_init for name in ("h5_file", "io_file", "archive", "path_or_io", "_h5_entry_initialized"))
+
     class WeightsStore(saving_lib.H5IOStore):
         """Keras's ``.weights.h5`` writer, without its two extra copies.
 
@@ -348,13 +354,16 @@ def _make_weights_store():
         """
 
         def __setitem__(self, key, value):
-            if not isinstance(value, np.ndarray) or backend.standardize_dtype(value.dtype) == "bfloat16":
+            if not isinstance(value, np.ndarray) or backend.standardize_dtype(value.dtype) == "bfloat16" \
+                    or not _LEAN_WRITE:
                 return super().__setitem__(key, value)
             if not self._h5_entry_initialized:
                 self._create_h5_group(self._h5_entry_path)
             self._h5_entry_group[key] = value
 
         def close(self):
+            if not _LEAN_WRITE:
+                return super().close()
             self.h5_file.close()
             if self.mode == "w" and self.archive:
                 buffer = self.io_file.getbuffer()
