@@ -262,9 +262,11 @@ class ControlCallback(keras.callbacks.Callback):
     def on_test_batch_end(self, batch, logs=None):
         # Validation inside fit: commands act now, not only after it.
         if self._in_fit:
+            self._progress.in_validation = True
             self._actions.apply_pending(mid_epoch=False)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._progress.in_validation = False
         lifecycle = self.lifecycle
         if lifecycle.steps is None and not self._progress.stopped_mid_epoch:
             lifecycle.steps = self._progress.step  # learned from the first full epoch

@@ -23,14 +23,19 @@ iterators, and calls the hooks in the same order, so the resumed epoch's
 order is the uninterrupted run's. A checkpoint taken right after an epoch's
 last batch also replays what Keras does between that batch and the next
 epoch (the iterator it opens for the next epoch, the adapter's
-``on_epoch_end``).
+``on_epoch_end``). On torch, every data-loader iterator Keras creates
+draws a seed from the global torch generator, validation's too: a
+checkpoint before the epoch's validation is over counts the validation
+iterators still to come (two a validation: one to read, one opened at its
+end; one once validation has begun), and a resume draws as many.
 
 What cannot be restored is said (`DataOrder.limitations`): a plain Python
 generator (its position is in the generator), a `tf.data` shuffle without
 any seed, and input of a kind not known here.
 
 State of version 1, in the checkpoint's ``resume_state["data"]``:
-``{"iterators": N, "hooks": "be...", "tail": bool}``.
+``{"version": 1, "iterators": N, "hooks": "be...", "tail": bool,
+"loader_draws": N}``.
 """
 
 from __future__ import annotations
@@ -52,8 +57,10 @@ class DataOrder:
             (`find` takes it from the running `fit`).
     """
 
-    def __init__(self, epoch_iterator):
+    def __init__(self, epoch_iterator, trainer=None, validation_freq=None):
         self._epoch_iterator = epoch_iterator
+        self._trainer = trainer  # the model whose fit runs, and how often it validates
+        self._validation_freq = validation_freq
         self._adapter = getattr(epoch_iterator, "data_adapter", None)
         self._dataset = _tf_dataset(epoch_iterator, self._adapter)
         self._py_dataset = getattr(self._adapter, "py_dataset", None)
@@ -73,9 +80,11 @@ class DataOrder:
         frame = sys._getframe(1)
         while frame is not None:
             if frame.f_code.co_name == "fit":
-                candidate = frame.f_locals.get("epoch_iterator")
+                found = frame.f_locals
+                candidate = found.get("epoch_iterator")
                 if isinstance(candidate, EpochIterator):
-                    return cls(candidate)
+                    validates = found.get("validation_data") is not None
+                    return cls(candidate, found.get("self"), found.get("validation_freq", 1) if validates else None)
             frame = frame.f_back
         return None
 
@@ -103,7 +112,7 @@ class DataOrder:
         """Marks the counts as of the epoch beginning now (``on_epoch_begin``)."""
         self._at_epoch_start = (self.iterators, len(self.hooks))
 
-    def state(self, *, at_epoch_start: bool, tail: bool) -> dict[str, Any]:
+    def state(self, *, at_epoch_start: bool, tail: bool, epoch: int, in_validation: bool = False) -> dict[str, Any]:
         """The counts a checkpoint keeps.
 
         Args:
@@ -111,10 +120,25 @@ class DataOrder:
                 resume continues in it); else as of now.
             tail: The checkpoint follows an epoch's last batch: a resume
                 replays what Keras does before the next epoch.
+            epoch: The epoch in progress (zero-based).
+            in_validation: The checkpoint is taken during its validation.
         """
         iterators, hooks = self._at_epoch_start if at_epoch_start else (self.iterators, len(self.hooks))
+        tail = bool(tail) and not at_epoch_start
+        draws = 0
+        if not at_epoch_start and _backend() == "torch":
+            if in_validation:
+                draws = 1  # the iterator validation opens at its end
+            elif tail and self._validates(epoch):
+                draws = 2
         return {"version": 1, "iterators": iterators, "hooks": "".join(self.hooks[:hooks])[:_MAX_HOOK_CALLS],
-                "tail": bool(tail) and not at_epoch_start}
+                "tail": tail, "loader_draws": draws}
+
+    def _validates(self, epoch: int) -> bool:
+        if self._validation_freq is None:
+            return False
+        should_eval = getattr(self._trainer, "_should_eval", None)
+        return bool(should_eval(epoch, self._validation_freq)) if should_eval is not None else True
 
     # Resuming -----------------------------------------------------------------
 
@@ -151,6 +175,17 @@ class DataOrder:
         if self._adapter is not None:
             self._adapter.on_epoch_end()
 
+    @staticmethod
+    def replay_loader_draws(state: Any) -> None:
+        """Draws from the global torch generator as the data-loader
+        iterators of a checkpoint's ``loader_draws`` did."""
+        draws = state.get("loader_draws", 0) if isinstance(state, dict) else 0
+        if type(draws) is int and 0 < draws <= 16 and _backend() == "torch":
+            import torch
+
+            for _ in range(draws):  # as `torch.utils.data.DataLoader`'s iterator draws its base seed
+                torch.empty((), dtype=torch.int64).random_()
+
     def limitations(self) -> list[str]:
         """Sentences naming the sources whose position a resume cannot
         restore, and what will differ."""
@@ -166,6 +201,12 @@ class DataOrder:
             return ["the training tf.data pipeline shuffles without a seed (neither `shuffle(seed=...)` nor a "
                     "global seed): the data order of the resumed epochs differs from an uninterrupted run"]
         return []
+
+
+def _backend() -> str:
+    import keras
+
+    return keras.backend.backend()
 
 
 def _tf_dataset(epoch_iterator, adapter):

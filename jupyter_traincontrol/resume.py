@@ -224,6 +224,8 @@ def _restore_random_and_data(model, saved: Any, epoch: int, data_order: DataOrde
     elif data is not None or isinstance(saved, dict) and saved.get("version") == random_state.RESUME_STATE_VERSION:
         reasons.append(data_order.replay(data))
     reasons.append(random_state.restore(model, saved, epoch))
-    if data_order is not None and isinstance(data, dict) and data.get("tail") is True:
-        data_order.replay_epoch_end()
+    if data_order is not None and isinstance(data, dict):
+        if data.get("tail") is True:
+            data_order.replay_epoch_end()
+        data_order.replay_loader_draws(data)
     return reasons

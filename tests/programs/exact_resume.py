@@ -35,7 +35,8 @@ import numpy as np  # noqa: E402
 
 from jupyter_traincontrol import ControlCallback  # noqa: E402
 
-EPOCHS, SAMPLES, BATCH = 5, 40, 8  # 5 batches an epoch
+EPOCHS, SAMPLES, BATCH = 5, 40, 8
+BATCHES = SAMPLES // BATCH
 SEED = 7
 
 
@@ -71,7 +72,7 @@ def training_data(kind: str, x, y):
                 for start in range(0, SAMPLES, BATCH):
                     yield x[start:start + BATCH], y[start:start + BATCH]
 
-        return {"x": batches(), "steps_per_epoch": SAMPLES // BATCH}
+        return {"x": batches(), "steps_per_epoch": BATCHES}
     if kind == "tfdata":
         import tensorflow as tf
 
@@ -102,15 +103,13 @@ def main(data: str, stop: str, out: str, checkpoints: str, resume: bool) -> None
     kind, _, at = stop.partition(":")
 
     class StopAt(keras.callbacks.Callback):
-        seen = 0
         epoch = 0
 
         def on_epoch_begin(self, epoch, logs=None):
             StopAt.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
-            StopAt.seen += 1
-            if kind in ("batch", "pause") and StopAt.seen == int(at):
+            if kind in ("batch", "pause") and StopAt.epoch * BATCHES + batch + 1 == int(at):
                 if kind == "pause":
                     control.lifecycle.channel.inject("pause")  # the stop then arrives while paused
                 control.lifecycle.channel.inject("stop")
