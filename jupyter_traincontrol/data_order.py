@@ -34,8 +34,8 @@ generator (its position is in the generator), a `tf.data` shuffle without
 any seed, and input of a kind not known here.
 
 State of version 1, in the checkpoint's ``resume_state["data"]``:
-``{"version": 1, "iterators": N, "hooks": "be...", "tail": bool,
-"loader_draws": N}``.
+``{"version": 1, "iterators": N, "hooks": "be..." or null (too many),
+"tail": bool, "loader_draws": N}``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 
 __all__ = ["DataOrder"]
 
-_MAX_HOOK_CALLS = 20_000  # characters of the hook-call record kept in a sidecar
+_MAX_HOOK_CALLS = 8_000  # hook calls a sidecar keeps (4,000 epochs); more: the resume says it is inexact
 
 
 class DataOrder:
@@ -55,6 +55,10 @@ class DataOrder:
     Args:
         epoch_iterator: The Keras ``EpochIterator`` of the training data
             (`find` takes it from the running `fit`).
+        trainer: The model whose `fit` runs (asked whether an epoch
+            validates). Defaults to None.
+        validation_freq: `fit`'s ``validation_freq``, or None without
+            validation data. Defaults to None.
     """
 
     def __init__(self, epoch_iterator, trainer=None, validation_freq=None):
@@ -131,8 +135,8 @@ class DataOrder:
                 draws = 1  # the iterator validation opens at its end
             elif tail and self._validates(epoch):
                 draws = 2
-        return {"version": 1, "iterators": iterators, "hooks": "".join(self.hooks[:hooks])[:_MAX_HOOK_CALLS],
-                "tail": tail, "loader_draws": draws}
+        calls = "".join(self.hooks[:hooks]) if hooks <= _MAX_HOOK_CALLS else None
+        return {"version": 1, "iterators": iterators, "hooks": calls, "tail": tail, "loader_draws": draws}
 
     def _validates(self, epoch: int) -> bool:
         if self._validation_freq is None:
@@ -152,6 +156,10 @@ class DataOrder:
         if not isinstance(state, dict) or state.get("version") != 1:
             return "the checkpoint does not say how far the data pipeline had gone: the data order may differ"
         iterators, hooks = state.get("iterators"), state.get("hooks")
+        if hooks is None and self._py_dataset is not None:
+            return (f"the PyDataset's epoch hooks were called more than {_MAX_HOOK_CALLS} times before the checkpoint "
+                    "(too many to keep): its data order may differ")
+        hooks = hooks or ""
         if type(iterators) is not int or iterators < 0 or not isinstance(hooks, str) or set(hooks) - {"b", "e"}:
             return "the checkpoint's data pipeline counts are malformed: the data order may differ"
         if self._dataset is not None:
