@@ -119,3 +119,41 @@ def test_an_unseeded_tf_data_shuffle_is_named_as_what_differs():
     finally:
         tf.random.set_seed(global_seed)
     assert "without a seed" in unseeded
+
+
+def test_counting_the_data_order_leaves_no_hook_behind(tmp_path):
+    """A fit counts iterators of its tf.data input (by patching the dataset's
+    class) and calls of a PyDataset's hooks (by wrapping them); both are
+    undone when fit ends, and a checkpoint keeps the counts."""
+    tf = pytest.importorskip("tensorflow")
+    import keras
+
+    from jupyter_traincontrol import ControlCallback
+
+    sys.path.insert(0, str(PROGRAM.parent))
+    from exact_resume import ShuffledBatches
+
+    x = np.random.default_rng(0).random((16, 4), dtype="float32")
+    y = x.sum(axis=1, keepdims=True)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(16, seed=1).batch(8)
+    batches = ShuffledBatches(x, y)
+    class_iter = vars(type(dataset)).get("__iter__")
+    for data in (dataset, batches):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        control = ControlCallback(name="count", checkpoint_dir=tmp_path / type(data).__name__, verbose=False,
+                                  handle_sigint=False)
+
+        class SaveAtEnd(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                if epoch == 2:
+                    control.lifecycle.channel.inject("save")  # taken at epoch 2's start: the counts of two epochs
+
+        model.fit(data, epochs=3, verbose=0, callbacks=[SaveAtEnd(), control])
+        counts = json.loads(control.checkpoints[-1].with_suffix(".json").read_text())["resume_state"]["data"]
+        if data is dataset:
+            assert counts["iterators"] >= 2  # one an epoch at least, whatever the backend
+        else:
+            assert counts["hooks"].count("e") >= 2
+    assert vars(type(dataset)).get("__iter__") is class_iter
+    assert "on_epoch_end" not in vars(batches) and "on_epoch_begin" not in vars(batches)
