@@ -10,9 +10,16 @@ Keras restarts every epoch at its first batch. After a resume from a
 checkpoint taken in the middle of epoch E at batch K, `BatchSkipper` makes
 the first K batches of E pass without training: it swaps `model.train_function`
 for one that only draws the batches from the data iterator, then puts the
-real one back. So the optimizer sees exactly the batches it had not seen
-(with `shuffle=False`, the same ones as an uninterrupted run), instead of
-skipping the rest of the epoch or repeating its start.
+real one back. So the optimizer sees exactly the batches it had not seen,
+instead of skipping the rest of the epoch or repeating its start.
+
+Before that, the resume rebuilds the epoch's data order: the data's own
+state is replayed (`data_order.DataOrder`: iterators of a `tf.data`
+pipeline, a `PyDataset`'s epoch hooks), then the global random state as of
+the epoch's start is put back (`random_state`), and, for a checkpoint taken
+right after an epoch's last batch, what Keras does before the next epoch is
+replayed. A seeded run so continues with the same batches in the same order
+as an uninterrupted one.
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def test_an_unseeded_tf_data_shuffle_is_named_as_what_differs():
     assert "without a seed" in unseeded
 
 
-def test_counting_the_data_order_leaves_no_hook_behind(tmp_path):
+def test_counting_the_data_order_leaves_no_hook_behind(tmp_path, monkeypatch):
     """A fit counts iterators of its tf.data input (by patching the dataset's
     class) and calls of a PyDataset's hooks (by wrapping them); both are
     undone when fit ends, and a checkpoint keeps the counts."""
@@ -130,7 +130,7 @@ def test_counting_the_data_order_leaves_no_hook_behind(tmp_path):
 
     from jupyter_traincontrol import ControlCallback
 
-    sys.path.insert(0, str(PROGRAM.parent))
+    monkeypatch.syspath_prepend(str(PROGRAM.parent))
     from exact_resume import ShuffledBatches
 
     x = np.random.default_rng(0).random((16, 4), dtype="float32")
