@@ -31,7 +31,8 @@ end; one once validation has begun), and a resume draws as many.
 
 What cannot be restored is said (`DataOrder.limitations`): a plain Python
 generator (its position is in the generator), a `tf.data` shuffle without
-any seed, and input of a kind not known here.
+any seed, input of a kind not known here, and ``steps_per_epoch`` given
+(Keras then carries an iterator from one epoch into the next).
 
 State of version 1, in the checkpoint's ``resume_state["data"]``:
 ``{"version": 1, "iterators": N, "hooks": "be..." or null (too many),
@@ -205,10 +206,14 @@ class DataOrder:
         if adapter not in ("ArrayDataAdapter", "TFDatasetAdapter", "PyDatasetAdapter"):
             return [f"the training data comes through Keras's {adapter}: its order is restored only if it is drawn "
                     "from the global random state (numpy, Python, the backend's)"]
+        limits = []
         if adapter == "TFDatasetAdapter" and _unseeded_shuffles(self._dataset):
-            return ["the training tf.data pipeline shuffles without a seed (neither `shuffle(seed=...)` nor a "
-                    "global seed): the data order of the resumed epochs differs from an uninterrupted run"]
-        return []
+            limits.append("the training tf.data pipeline shuffles without a seed (neither `shuffle(seed=...)` nor a "
+                          "global seed): the data order of the resumed epochs differs from an uninterrupted run")
+        if getattr(self._epoch_iterator, "steps_per_epoch", None) is not None:
+            limits.append("with `steps_per_epoch` given, Keras carries the data iterator from one epoch to the "
+                          "next, which a resume does not rebuild: the data order of the resumed epochs may differ")
+        return limits
 
 
 def _backend() -> str:
