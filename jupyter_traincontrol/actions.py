@@ -56,14 +56,21 @@ class FitProgress:
         self.mid_epoch = False
         self.stopped_mid_epoch = False
         self.random_at_epoch_start: dict | None = None  # `random_state.capture_epoch_start` of `epoch`
+        self.data_order = None  # the fit's `data_order.DataOrder`, if its data was found
+        self.in_validation = False  # between the epoch's first validation batch and its end
 
     def resume_state(self, model) -> Callable[[TrainingPosition], dict]:
         """What a checkpoint at a position keeps for an exact resume (`random_state`)."""
         from . import random_state
 
         def capture(position: TrainingPosition) -> dict:
-            started = self.random_at_epoch_start if position.resume_epoch == self.epoch else None
-            return random_state.capture(model, position.resume_epoch, started)
+            in_epoch = position.resume_epoch == self.epoch
+            started = self.random_at_epoch_start if in_epoch else None
+            data = None
+            if self.data_order is not None:  # after an epoch's last batch, Keras still opens the next epoch's data
+                data = self.data_order.state(at_epoch_start=in_epoch, tail=self.mid_epoch and position.epoch_complete,
+                                             epoch=self.epoch, in_validation=self.in_validation)
+            return random_state.capture(model, position.resume_epoch, started, data)
 
         return capture
 

@@ -33,6 +33,7 @@ from . import random_state
 from .actions import CommandActions, FitProgress
 from .checkpoint import SkippedCheckpoint
 from .commands import Command, Request, RunState
+from .data_order import DataOrder
 from .distributed import Job, current_job
 from .fit_watchdog import FitWatchdog
 from .interrupt import SigintGuard
@@ -197,6 +198,7 @@ class ControlCallback(keras.callbacks.Callback):
         self._interrupted = False
         self._in_fit = False
         self._resumption: Resumption | None = None
+        self._data_order: DataOrder | None = None
         self._sigint: SigintGuard | None = None
         self._lost_because: str | None = None  # why `fit` left without on_train_end, if we know
         self._watchdog: FitWatchdog | None = None
@@ -222,6 +224,10 @@ class ControlCallback(keras.callbacks.Callback):
             lifecycle.add_tick_hook(self._watchdog.check)
             if self._job is not None:
                 self._join_job()
+        self._data_order = DataOrder.find()  # counts what orders the data (exact resume)
+        if self._data_order is not None:
+            self._data_order.attach()
+            self._progress.data_order = self._data_order
         try:
             lifecycle.store.acquire()  # checked and locked before the first step
             if self.resume:
@@ -246,6 +252,8 @@ class ControlCallback(keras.callbacks.Callback):
         progress = self._progress
         progress.epoch, progress.step, progress.stopped_mid_epoch = epoch, 0, False
         progress.random_at_epoch_start = random_state.capture_epoch_start()  # what orders this epoch's data
+        if self._data_order is not None:
+            self._data_order.epoch_began()
         lifecycle = self.lifecycle
         lifecycle.epoch = epoch + 1
         lifecycle.step = 0
@@ -271,9 +279,11 @@ class ControlCallback(keras.callbacks.Callback):
     def on_test_batch_end(self, batch, logs=None):
         # Validation inside fit: commands act now, not only after it.
         if self._in_fit:
+            self._progress.in_validation = True
             self._actions.apply_pending(mid_epoch=False)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._progress.in_validation = False
         lifecycle = self.lifecycle
         if lifecycle.steps is None and not self._progress.stopped_mid_epoch:
             lifecycle.steps = self._progress.step  # learned from the first full epoch
@@ -318,11 +328,14 @@ class ControlCallback(keras.callbacks.Callback):
 
     def _resume(self) -> None:
         lifecycle = self.lifecycle
-        self._resumption = resume_from_latest(self.model, lifecycle.store, on_skip=self._report_skipped)
+        self._resumption = resume_from_latest(self.model, lifecycle.store, on_skip=self._report_skipped,
+                                              data_order=self._data_order)
         self._progress.epoch = self._resumption.epoch
         lifecycle.global_step = optimizer_step(self.model)
         lifecycle.log("info", self._resumption.message)
         self._say(self._resumption.message)
+        for difference in self._resumption.differences:  # said once, at resume; a warning reaches
+            lifecycle.log("warning", difference)          # stderr through `logging` even when not verbose
 
     def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
         message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
@@ -384,6 +397,8 @@ class ControlCallback(keras.callbacks.Callback):
                 self._actions.detach()
             if self._resumption is not None:
                 self._resumption.undo()
+            if self._data_order is not None:
+                self._data_order.detach()
             if lifecycle.store is not None:
                 lifecycle.store.release()
             if self._sigint is not None:

@@ -34,9 +34,10 @@ import base64
 import random
 from typing import Any
 
-__all__ = ["RESUME_STATE_VERSION", "capture_epoch_start", "capture", "restore"]
+__all__ = ["RESUME_STATE_VERSION", "capture_epoch_start", "capture", "restore", "restore_now"]
 
-RESUME_STATE_VERSION = 1
+RESUME_STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 def capture_epoch_start() -> dict[str, Any]:
@@ -46,8 +47,8 @@ def capture_epoch_start() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "python": [version, _packed(np.array(internal, dtype=np.uint32)), gauss],
+        "numpy": [kind, _packed(keys.astype(np.uint32)), int(pos), int(has_gauss), float(cached)],
     }
     torch_state = _torch_state()
     if torch_state is not None:
@@ -55,7 +56,8 @@ def capture_epoch_start() -> dict[str, Any]:
     return state
 
 
-def capture(model, epoch: int, epoch_start: dict[str, Any] | None) -> dict[str, Any]:
+def capture(model, epoch: int, epoch_start: dict[str, Any] | None,
+            data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``resume_state`` of a checkpoint taken now (on the training thread).
 
     Args:
@@ -64,6 +66,7 @@ def capture(model, epoch: int, epoch_start: dict[str, Any] | None) -> dict[str, 
         epoch_start: `capture_epoch_start` as that epoch began, or None if
             it has not begun (the checkpoint ends an epoch): then the state
             now is that start.
+        data: `data_order.DataOrder.state` for that epoch, or None.
     """
     from .checkpoint import sync_model_state
 
@@ -79,6 +82,7 @@ def capture(model, epoch: int, epoch_start: dict[str, Any] | None) -> dict[str, 
             "model": [_ints(sg.state) for sg in _seed_generators(model)],
             "global": _global_state(),
         },
+        "data": data,
     }
 
 
@@ -89,7 +93,7 @@ def restore(model, state: Any, epoch: int) -> str | None:
         None if everything was restored, else one sentence saying what was
         not (and so what may differ from an uninterrupted run).
     """
-    if not isinstance(state, dict) or state.get("version") != RESUME_STATE_VERSION:
+    if not isinstance(state, dict) or state.get("version") not in _READABLE_VERSIONS:
         return "the checkpoint holds no random state (an older one): shuffling and dropout may differ from an uninterrupted run"
     try:
         generators = state["seed_generators"]
@@ -124,13 +128,26 @@ def _restore_epoch_start(state: dict[str, Any]) -> None:
     import numpy as np
 
     version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
+    random.setstate((version, tuple(int(v) for v in _unpacked(internal)), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    np.random.set_state((kind, _unpacked(keys), pos, has_gauss, cached))
     if "torch" in state:
         import torch
 
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+
+
+def _packed(words) -> str:
+    return base64.b64encode(words.tobytes()).decode("ascii")
+
+
+def _unpacked(words):
+    """uint32 words from `_packed` text, or from a list of numbers (version 1)."""
+    import numpy as np
+
+    if isinstance(words, str):
+        return np.frombuffer(base64.b64decode(words), dtype=np.uint32).copy()
+    return np.array(words, dtype=np.uint32)
 
 
 def _torch_state() -> str | None:

@@ -10,9 +10,16 @@ Keras restarts every epoch at its first batch. After a resume from a
 checkpoint taken in the middle of epoch E at batch K, `BatchSkipper` makes
 the first K batches of E pass without training: it swaps `model.train_function`
 for one that only draws the batches from the data iterator, then puts the
-real one back. So the optimizer sees exactly the batches it had not seen
-(with `shuffle=False`, the same ones as an uninterrupted run), instead of
-skipping the rest of the epoch or repeating its start.
+real one back. So the optimizer sees exactly the batches it had not seen,
+instead of skipping the rest of the epoch or repeating its start.
+
+Before that, the resume rebuilds the epoch's data order: the data's own
+state is replayed (`data_order.DataOrder`: iterators of a `tf.data`
+pipeline, a `PyDataset`'s epoch hooks), then the global random state as of
+the epoch's start is put back (`random_state`), and, for a checkpoint taken
+right after an epoch's last batch, what Keras does before the next epoch is
+replayed. A seeded run so continues with the same batches in the same order
+as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any, Callable, Mapping
 
 from . import random_state
 from .checkpoint import CheckpointStore, SkippedCheckpoint
+from .data_order import DataOrder
 
 __all__ = ["BatchSkipper", "Resumption", "can_skip_batches", "optimizer_step", "resume_from_latest"]
 
@@ -123,6 +131,10 @@ class Resumption:
             there was nothing to resume from).
         resumed: True if a checkpoint was loaded.
         checkpoint: The checkpoint loaded, or None.
+        differences: Sentences saying what will differ from an
+            uninterrupted run because a data source's position cannot be
+            restored (a Python generator, an unseeded shuffle); empty if
+            none.
     """
 
     def __init__(self, model, *, epoch: int = 0, message: str, resumed: bool):
@@ -131,6 +143,7 @@ class Resumption:
         self.message = message
         self.resumed = resumed
         self.checkpoint = None
+        self.differences: list[str] = []
         self._saved_initial_epoch: tuple[Any] | None = None
         self._skipper: BatchSkipper | None = None
 
@@ -145,7 +158,8 @@ class Resumption:
 
 
 def resume_from_latest(
-    model, store: CheckpointStore, on_skip: Callable[[SkippedCheckpoint], None] | None = None
+    model, store: CheckpointStore, on_skip: Callable[[SkippedCheckpoint], None] | None = None,
+    data_order: DataOrder | None = None,
 ) -> Resumption:
     """Loads the newest checkpoint of `store` that loads into `model`, and
     positions `fit` there.
@@ -159,6 +173,10 @@ def resume_from_latest(
         store: The run's checkpoints.
         on_skip: Called for each newer checkpoint that did not load, with
             which and why.
+        data_order: The fit's `DataOrder`, counting already: its counts in
+            the checkpoint are replayed (tf.data iterators, a PyDataset's
+            epoch hooks) before the first epoch. None: the data's own
+            state is not restored (and the resume says so).
 
     Returns:
         The `Resumption` (with nothing changed if no checkpoint loads).
@@ -186,10 +204,35 @@ def resume_from_latest(
             skipped = f", skipping its first {position.resume_step} batches (already trained)"
         else:
             skipped = f"; backend {backend!r} repeats its first {position.resume_step} batches"
-    inexact = random_state.restore(model, latest.info.get("resume_state"), position.resume_epoch)
+    saved = latest.info.get("resume_state")
+    inexact = [reason for reason in _restore_random_and_data(model, saved, position.resume_epoch, data_order) if reason]
     resumption.message = (
         f"Resumed from {latest.path}: epoch {position.resume_epoch + 1}{skipped}; "
         f"optimizer step {optimizer_step(model)}"
-        + (f". Not exact: {inexact}." if inexact else "; random state restored.")
+        + (f". Not exact: {'; '.join(inexact)}." if inexact else "; random state and data order restored.")
     )
+    if data_order is not None:
+        resumption.differences = [f"Resume of {store.directory.name!r} is not exact: {limit}."
+                                  for limit in data_order.limitations()]
     return resumption
+
+
+def _restore_random_and_data(model, saved: Any, epoch: int, data_order: DataOrder | None) -> list[str | None]:
+    """Puts back what orders the resumed epoch's data, in the order the
+    uninterrupted run reached it: the data sources' own state first (a
+    PyDataset's hooks may draw from the global state, which is then set),
+    the global random state as of the epoch's start, and, for a checkpoint
+    right after an epoch's last batch, what Keras does before the next
+    epoch (it draws from the global state too: torch's data loader)."""
+    data = saved.get("data") if isinstance(saved, dict) else None
+    reasons: list[str | None] = []
+    if data_order is None:
+        reasons.append("the training data was not found in the running fit: its own order is not restored")
+    elif data is not None or isinstance(saved, dict) and saved.get("version") == random_state.RESUME_STATE_VERSION:
+        reasons.append(data_order.replay(data))
+    reasons.append(random_state.restore(model, saved, epoch))
+    if data_order is not None and isinstance(data, dict):
+        if data.get("tail") is True:
+            data_order.replay_epoch_end()
+        data_order.replay_loader_draws(data)
+    return reasons

@@ -138,7 +138,8 @@ def _tunables(value):
 
 
 #: Fields a sidecar may have (checked when present): ``resume_state``, the
-#: random state of `random_state` (version 1), and ``tunables``, the values a
+#: random state and data-order counts of `random_state` (version 2, or 1
+#: without the counts), and ``tunables``, the values a
 #: run was steered to (``set``, the NaN policy), both written since 0.2.
 _OPTIONAL_FIELDS = {"resume_state": _object, "tunables": _tunables}
 _FIELDS_BY_FORMAT = {
