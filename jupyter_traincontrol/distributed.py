@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 from .commands import Command, Request, parse_request
 from .fit_watchdog import _find_fit_frame
-from .job_liveness import ENDED_WELL, Peers, exit_when_stuck, this_process
+from .job_liveness import Peers, exit_when_stuck, fit_running, this_process
 from .job_signals import PreemptionNotice, SigtermRelay
 from .job_stores import FollowerStore, LeaderStore
 
@@ -61,7 +61,9 @@ KEY_ROOT = "traincontrol"
 #: Where the processes other than 0 list their records (hidden from `list`),
 #: each in its subfolder ``process-N``.
 JOB_REGISTRY = ".job-processes"
-_WATCH_SECONDS = 1.0
+#: How long the watcher blocks on the next proposal at a time (what ending
+#: a `fit` waits for it, at most).
+_WATCH_SECONDS = 0.25
 _HOLD_POLL_SECONDS = 0.05
 _fit_counter = itertools.count()
 
@@ -200,7 +202,7 @@ class Job:
         # Every process calls fit in the same order, so the count agrees.
         self.prefix = f"{KEY_ROOT}/fit{next(_fit_counter)}"
         self.lost = self.lost_process = None
-        self._closing.clear()
+        self._closing = threading.Event()  # its own per fit: a late watcher never sees the next one's
         self._verdict.clear()
         self._agreed.clear()
         self._saves = 0
@@ -259,10 +261,10 @@ class Job:
         restores SIGTERM; the others see this process's final state in its
         last heartbeat.
 
-        A `fit` that failed here while every peer still looked alive (a
+        A `fit` that raised here while every peer still looked alive (a
         collective fails at once when a peer dies) first waits, at most
         `lost_after` and two heartbeats, for the watcher to find which peer
-        was lost.
+        was lost (not a `fit` still running: a second Ctrl+C ends at once).
 
         Returns:
             The error to record: `error`, led by the lost process if any.
@@ -270,7 +272,8 @@ class Job:
         if self._closing.is_set():
             return self._explain(error)
         watcher = self._watcher
-        if str(final_state) == "failed" and self.lost is None and watcher is not None and watcher.is_alive():
+        if (str(final_state) == "failed" and self.lost is None and watcher is not None and watcher.is_alive()
+                and not fit_running(self._fit_thread_id, self._fit_frame)):
             self._verdict.wait(self.lost_after + 2 * self.heartbeat_seconds)
         self._closing.set()
         atexit.unregister(self._at_exit)
@@ -376,10 +379,11 @@ class Job:
     # The watcher thread ------------------------------------------------------
 
     def _watch(self) -> None:
+        closing = self._closing
         next_seq = 1
         last_beat = 0.0
         failing_since: float | None = None
-        while not self._closing.is_set():
+        while not closing.is_set():
             try:
                 try:
                     value = self._get(self._key("cmd", next_seq), min(_WATCH_SECONDS, self.heartbeat_seconds))
@@ -393,7 +397,7 @@ class Job:
                         heapq.heappush(self._agreed, (int(proposal["step"]), next_seq, parse_request(proposal["line"])))
                     self.client.key_value_set(self._key("ack", next_seq, self.process_id), "1")
                     next_seq += 1
-                if time.monotonic() - last_beat >= self.heartbeat_seconds:
+                if time.monotonic() - last_beat >= self.heartbeat_seconds and not closing.is_set():
                     last_beat = time.monotonic()
                     self._beat()
                     self._check_peers()
@@ -402,7 +406,7 @@ class Job:
                         self._lifecycle.send(Command.STOP)
                 failing_since = None
             except Exception as error:  # the coordinator (process 0) may be gone
-                if self._closing.is_set():
+                if closing.is_set():
                     return
                 now = time.monotonic()
                 failing_since = failing_since or now
@@ -412,7 +416,7 @@ class Job:
                 if verdict is not None:
                     self._lose(*verdict)
                     return
-                self._closing.wait(0.5)
+                closing.wait(0.5)
             if self.lost:
                 return
 

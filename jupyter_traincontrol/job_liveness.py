@@ -24,11 +24,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 import time
 from typing import Any
 
-__all__ = ["Peers", "exit_when_stuck", "this_process", "EXIT_CODE"]
+__all__ = ["Peers", "exit_when_stuck", "fit_running", "this_process", "EXIT_CODE"]
 
 #: The exit code of a process ended because a peer was lost (EX_SOFTWARE).
 EXIT_CODE = 70
@@ -157,9 +156,14 @@ def exit_when_stuck(message: str, grace: float, fit_thread_id: int, fit_frame) -
         frames = sys._current_frames()
         if any(_in_jax_shutdown(frame) for frame in frames.values()):
             _exit(f"{message} JAX's shutdown waits for it")
-        if time.monotonic() >= deadline and fit_frame is not None and _on_stack(frames.get(fit_thread_id), fit_frame):
+        if time.monotonic() >= deadline and fit_running(fit_thread_id, fit_frame):
             _exit(f"{message} fit is stuck in a collective")
         time.sleep(_STUCK_POLL_SECONDS)
+
+
+def fit_running(thread_id: int, fit_frame) -> bool:
+    """True while the `fit` call `fit_frame` is still on its thread's stack."""
+    return fit_frame is not None and _on_stack(sys._current_frames().get(thread_id), fit_frame)
 
 
 def _on_stack(frame, wanted) -> bool:

@@ -60,6 +60,7 @@ class JobProcesses:
             for i in range(n)
         ]
         self.fifo = None
+        self.stderr = [""] * n  # each process's, once it ended
         try:
             self._wait_ready()
         except BaseException:
@@ -86,9 +87,10 @@ class JobProcesses:
         """Exit codes (None: still running after `timeout` s), of the processes `only` names, or all."""
         deadline = time.monotonic() + timeout
         codes = []
-        for process in [self.processes[i] for i in only] if only is not None else self.processes:
+        for i in only if only is not None else range(self.n):
+            process = self.processes[i]
             try:
-                process.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                self.stderr[i] = process.communicate(timeout=max(0.1, deadline - time.monotonic()))[1]
             except subprocess.TimeoutExpired:
                 pass
             codes.append(process.poll())
@@ -176,7 +178,7 @@ def test_every_command_is_applied_by_every_process_at_one_step(tmp_path, jobs, r
     else:
         _send(job, last, "echo")
     codes = _ended(job, 120)
-    assert codes == [0] * n, [p.stderr.read() if p.stderr else "" for p in job.processes]
+    assert codes == [0] * n, [text[-3000:] for text in job.stderr]
     logs = [job.applied(i) for i in range(n)]
     assert all(log == logs[0] for log in logs), logs
     commands = [message.split()[0] for message, _ in logs[0] if message.endswith("received")]
@@ -222,7 +224,7 @@ def test_a_lost_process_makes_the_others_fail_naming_it(tmp_path, jobs, runtime_
     finally:
         if how == "hung":
             victim.kill()
-    assert code == 70, (code, job.processes[0].stderr.read()[-3000:])
+    assert code == 70, (code, job.stderr[0][-3000:])
     final = _final(job, 0)
     assert final["state"] == "failed" and final["lost_process"] == 1
     why = "its process (pid" if how == "killed" else "no heartbeat for"
