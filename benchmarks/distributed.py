@@ -6,9 +6,13 @@ Starts a JAX job of N processes on 127.0.0.1 (CPU devices, gloo), the way
 
 - per-batch cost: a `fit` of the same batches with `ControlCallback` (the
   job's agreement: its watcher thread, heartbeats, the per-batch check)
-  and without it, alternated; each process times every batch after the
-  first epoch (compilation), and the per-batch medians are compared side by
-  side (ratio ``control / plain`` per round, then the median of those);
+  and without it, alternated; each process times every epoch after the
+  first, and the median epoch time per batch is compared side by side
+  (ratio ``control / plain`` per round, then the median of those);
+- the batch hook alone: inside a real `fit`, every process calls the
+  control's ``on_train_batch_end`` 20,000 times in a row (the agreement's
+  per-batch part: two checks); its time over a plain batch's is the
+  overhead free of the machine's noise;
 - stop latency: a `fit` with `ControlCallback`; at a random moment process
   0 writes ``stop`` into the job's FIFO, as ``echo`` would; every process
   notes when its `fit` returned. The latency is from the write to the last
@@ -70,21 +74,39 @@ def worker(process: int, processes: int, port: int, out: Path, rounds: int, epoc
     log = open(out / f"worker-{process}.jsonl", "a", buffering=1)
 
     class BatchTimes(keras.callbacks.Callback):
+        """Each epoch's time after the first, per batch."""
+
         def on_train_begin(self, logs=None):
-            self.times, self.epoch = [], 0
+            self.times = []
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-            self.last = time.perf_counter()
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            float(logs["loss"])  # the epoch's last step has run
+            if epoch > 0:  # the first epoch of a fit warms up
+                self.times.append((time.perf_counter() - self.start) / BATCHES)
+
+    class HookCost(keras.callbacks.Callback):
+        """Once, mid-fit: calls the control's batch hook `calls` times in a
+        row (every process alike, so their batch counts stay equal)."""
+
+        def __init__(self, calls):
+            super().__init__()
+            self.calls, self.seconds = calls, None
 
         def on_train_batch_end(self, batch, logs=None):
-            now = time.perf_counter()
-            if self.epoch > 0:  # the first epoch compiles
-                self.times.append(now - self.last)
-            self.last = now
+            if self.seconds is None and batch == 3:
+                start = time.perf_counter()
+                for _ in range(self.calls):
+                    control.on_train_batch_end(batch, logs)
+                self.seconds = (time.perf_counter() - start) / self.calls
 
     timer = BatchTimes()
     model.fit(data, epochs=1, verbose=0, callbacks=[timer])  # warm-up: compile once
+    hook = HookCost(2000 if rounds == 1 else 20000)
+    model.fit(data, epochs=1, verbose=0, callbacks=[control, hook])
+    log.write(json.dumps({"kind": "hook", "seconds": hook.seconds}) + "\n")
     for round_ in range(rounds):
         order = ["plain", "control"] if round_ % 2 == 0 else ["control", "plain"]
         for variant in order:
@@ -155,7 +177,8 @@ def run_job(processes: int, folder: Path, rounds: int, epochs: int, stops: int, 
     states = {e["state"] for log in events for e in log if e["kind"] == "returned"}
     if states != {"stopped"} or len(sent) != stops:
         raise SystemExit(f"the {processes}-process job did not stop as asked: states {states}, {len(sent)} of {stops} sent")
-    return {"plain": plain, "control": control, "ratios": ratios,
+    hook = max(e["seconds"] for log in events for e in log if e["kind"] == "hook")
+    return {"plain": plain, "control": control, "ratios": ratios, "hook": hook,
             "latency": [end - start for start, end in zip(sent, returned)]}
 
 
@@ -182,11 +205,14 @@ def main(argv=None) -> int:
             result = run_job(processes, folder, args.rounds, epochs, stops, args.seed)
             ratio = _common.median(result["ratios"])
             latency = _common.median(result["latency"]) * 1000
-            rows.append((processes, _common.median(result["plain"]) * 1000, _common.median(result["control"]) * 1000,
-                         ratio, latency, max(result["latency"]) * 1000))
-            summary.append(f"{processes} processes {ratio:.3f}x per batch, stop in {latency:.0f} ms")
+            plain = _common.median(result["plain"])
+            share = result["hook"] / plain  # what the hook adds to a batch, free of the machine's noise
+            rows.append((processes, plain * 1000, _common.median(result["control"]) * 1000, ratio,
+                         result["hook"] * 1e6, 1 + share, latency, max(result["latency"]) * 1000))
+            summary.append(f"{processes} processes {ratio:.3f}x per batch (hook {1 + share:.4f}x), stop in {latency:.0f} ms")
     _common.print_table(
-        ["processes", "plain ms/batch", "control ms/batch", "ratio (median)", "stop median ms", "stop max ms"], rows)
+        ["processes", "plain ms/batch", "control ms/batch", "ratio (median)", "hook us", "hook ratio",
+         "stop median ms", "stop max ms"], rows)
     print(f"goal: ratio <= {GOAL_RATIO}; {args.rounds} rounds of {epochs} epochs x {BATCHES} batches, {stops} stops")
     _common.print_summary("distributed: " + "; ".join(summary))
     return 0

@@ -16,9 +16,9 @@ agrees on a preemption step):
   step to apply it at (the next batch boundary), then it waits for every
   process to acknowledge it. While it waits, no process can finish the next
   step (each step needs all of them), so every process sees the proposal
-  before that step and applies it there. The training thread pays nothing
-  per batch: a watcher thread per process blocks on the next ``cmd/N`` key
-  and queues what it finds.
+  before that step and applies it there (`job_channel`). The training
+  thread pays two checks per batch: a watcher thread per process blocks on
+  the next ``cmd/N`` key and queues what it finds.
 - ``save`` is written once, by process 0 (weights are replicated); the others
   wait until process 0 says it exists (or why not): `job_stores`.
 - SIGTERM (a preemption) on any process is a ``stop`` with a checkpoint, at
@@ -49,6 +49,7 @@ from typing import Any, Callable
 
 from .commands import Command, Request, parse_request
 from .fit_watchdog import _find_fit_frame
+from .job_channel import AgreedChannel
 from .job_liveness import Peers, exit_when_stuck, fit_running, this_process
 from .job_signals import PreemptionNotice, SigtermRelay
 from .job_stores import FollowerStore, LeaderStore
@@ -64,7 +65,6 @@ JOB_REGISTRY = ".job-processes"
 #: How long the watcher blocks on the next proposal at a time (what ending
 #: a `fit` waits for it, at most).
 _WATCH_SECONDS = 0.25
-_HOLD_POLL_SECONDS = 0.05
 _fit_counter = itertools.count()
 
 
@@ -252,7 +252,7 @@ class Job:
         self._watcher = threading.Thread(target=self._watch, name=f"traincontrol-job-{lifecycle.name}", daemon=True)
         self._watcher.start()
 
-    def channel(self, local, progress) -> "AgreedChannel":
+    def channel(self, local, progress) -> AgreedChannel:
         """The channel `CommandActions` reads: agreed requests, when due."""
         return AgreedChannel(self, local, progress)
 
@@ -457,56 +457,6 @@ class Job:
         finally:
             if self.exit_grace is not None:
                 exit_when_stuck(self.lost, self.exit_grace, self._fit_thread_id, self._fit_frame)
-
-
-class AgreedChannel:
-    """What `CommandActions` reads in a job: the requests every process
-    agreed on, each once its step has come. Requests that arrive locally
-    (FIFO, Ctrl+C) are proposed first. Cheap per batch: two checks."""
-
-    def __init__(self, job: Job, local, progress):
-        self.job = job
-        self.local = local
-        self.progress = progress
-        self._holding = False
-
-    @property
-    def kind(self) -> str:
-        return self.local.kind
-
-    @property
-    def address(self) -> str:
-        return self.local.address
-
-    @property
-    def pending(self) -> bool:
-        if self.local.pending:
-            self._propose_local()
-        return self.job.due(self.progress.boundary)
-
-    def _propose_local(self) -> None:
-        # Held, every process waits at this very boundary: apply it here.
-        step = self.progress.boundary + (0 if self._holding else 1)
-        while (request := self.local.pop()) is not None:
-            self.job.propose(request, step)
-
-    def pop(self) -> Request | None:
-        return self.job.pop_due(self.progress.boundary)
-
-    def get(self, timeout: float | None) -> Request | None:
-        """While paused: proposes what arrives, returns what is due."""
-        self._holding = True
-        try:
-            deadline = time.monotonic() + (timeout or 0)
-            while True:
-                if self.local.pending:
-                    self._propose_local()
-                request = self.pop()
-                if request is not None or self.job.lost or time.monotonic() >= deadline:
-                    return request
-                time.sleep(_HOLD_POLL_SECONDS)
-        finally:
-            self._holding = False
 
 
 def _settled(metrics: dict | None) -> dict:
