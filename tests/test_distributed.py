@@ -1,10 +1,13 @@
 """Jobs across processes (JAX, gloo, on 127.0.0.1): every command, sent at
-random moments by every means, is applied by every process at the same step.
+random moments by every means (CLI, echo, Ctrl+C, SIGTERM), is applied by
+every process at the same step, in jobs of 2 and 4 processes (51 commands,
+plus 2 stops of the resume test); a lost process (SIGKILL, SIGSTOP) makes
+the other end failed, its record naming it, and exit.
 
 Each process of a job is `tests/programs/job_worker.py`; each writes its own
-log of the commands it applied, with the batch boundary it applied them at.
-Jobs are reused for many commands (starting a JAX job costs seconds per
-process on these 2-core machines).
+log of the commands it applied, with the batch boundary it applied them at,
+and its final record. Jobs are reused for many commands (starting a JAX job
+costs 10-30 s on these 2-core machines).
 """
 
 from __future__ import annotations
