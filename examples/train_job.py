@@ -29,7 +29,7 @@ x = np.random.default_rng(0).random((1024, 3), dtype="float32")
 y = x.sum(axis=1, keepdims=True)
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
 model.compile(optimizer="adam", loss="mse")
-model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), epochs=100, verbose=0,
+model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), epochs=2000, verbose=0,
           callbacks=[ControlCallback(name="job", resume=True,
                                      # one folder for every process, wherever each was started from
                                      checkpoint_dir=Path(__file__).resolve().parent / "checkpoints" / "job")])

@@ -93,3 +93,18 @@ def test_sigterm_relay_leaves_an_ignored_sigterm_alone():
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_the_record_names_the_lost_process_and_list_shows_it():
+    import json
+
+    from jupyter_traincontrol.cli import format_table
+    from jupyter_traincontrol.run_record import validate_record
+
+    record = {"name": "job", "run_id": "r", "pid": 1, "state": "failed", "process": 0, "num_processes": 2,
+              "lost_process": 1, "processes": [{"process": 0, "state": "failed"}, {"process": 1, "state": "lost"}]}
+    assert validate_record(json.dumps(record), "job") == (record, "")
+    assert "failed (process 1 of 2 lost)" in format_table([record])
+    assert "running (2 processes)" in format_table([{**record, "state": "running", "lost_process": None}])
+    _, why = validate_record(json.dumps({**record, "lost_process": "1"}), "job")
+    assert why == "field 'lost_process' has an unexpected value '1'"
