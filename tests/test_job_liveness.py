@@ -108,3 +108,21 @@ def test_the_record_names_the_lost_process_and_list_shows_it():
     assert "running (2 processes)" in format_table([{**record, "state": "running", "lost_process": None}])
     _, why = validate_record(json.dumps({**record, "lost_process": "1"}), "job")
     assert why == "field 'lost_process' has an unexpected value '1'"
+
+
+def test_a_sigterm_relay_retired_off_the_main_thread_hands_the_next_sigterm_on():
+    import threading
+
+    calls = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append("previous"))
+    try:
+        relay = SigtermRelay(lambda: calls.append("stop"))
+        assert relay.install()
+        thread = threading.Thread(target=relay.retire)
+        thread.start()
+        thread.join()
+        os.kill(os.getpid(), signal.SIGTERM)  # inert now: restores the previous handler and hands it on
+        assert calls == ["previous"]
+        assert signal.getsignal(signal.SIGTERM) is not relay._handle
+    finally:
+        signal.signal(signal.SIGTERM, before)
