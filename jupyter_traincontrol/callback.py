@@ -350,11 +350,13 @@ class ControlCallback(keras.callbacks.Callback):
         job.opened(self.lifecycle, self.model, lambda message: self._finish(RunState.FAILED, message))
         self._actions.take_from(job.channel(self.lifecycle.channel, self._progress))
 
-    def _leave_job(self, final_state: RunState) -> None:
+    def _leave_job(self, final_state: RunState, error: str | None) -> str | None:
+        """Leaves the job; returns the error to record (led by a lost process, if any)."""
         job = self._job
-        job.end(final_state)
+        error = job.end(final_state, error)
         for request in job.undelivered():
             self.lifecycle.acknowledge(request, "ignored", "fit ended before the step the job agreed on")
+        return error
 
     # Interrupts ------------------------------------------------------------
 
@@ -392,7 +394,7 @@ class ControlCallback(keras.callbacks.Callback):
                 lifecycle.remove_tick_hook(self._watchdog.check)
                 self._watchdog = None
             if self._job is not None:
-                self._leave_job(final_state)
+                error = self._leave_job(final_state, error)
             if self._actions is not None:
                 self._actions.detach()
             if self._resumption is not None:

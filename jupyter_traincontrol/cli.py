@@ -65,6 +65,15 @@ def _learning_rate(tunables: Any) -> str:
     return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
+def _state(record: dict[str, Any]) -> str:
+    """The state, with a job's process count and the process it lost."""
+    state = str(record.get("state"))
+    count, lost = record.get("num_processes"), record.get("lost_process")
+    if isinstance(lost, int):
+        return f"{state} (process {lost} of {count} lost)"
+    return f"{state} ({count} processes)" if isinstance(count, int) and count > 1 else state
+
+
 def format_table(records: Sequence[dict[str, Any]], now: float | None = None) -> str:
     """Renders run records as an aligned text table."""
     now = time.time() if now is None else now
@@ -73,7 +82,7 @@ def format_table(records: Sequence[dict[str, Any]], now: float | None = None) ->
         rows.append(
             (
                 str(record.get("name")),
-                str(record.get("state")),
+                _state(record),
                 _fraction(record.get("epoch"), record.get("epochs")),
                 _fraction(record.get("step"), record.get("steps")),
                 _loss(record.get("metrics")),

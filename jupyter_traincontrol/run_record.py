@@ -89,6 +89,12 @@ _FIELDS = {
     "commands": _optional(_is_list_of(_is_str)),
     "error": _optional(_is_str),
     "kernel_id": _optional(_is_str),
+    # A multi-process job (`distributed.Job`): this process, their count,
+    # each one's last state, and the one whose loss ended the job.
+    "process": _optional(_is_int),
+    "num_processes": _optional(lambda value: _is_int(value, 1)),
+    "processes": _optional(_is_list_of(lambda value: isinstance(value, dict) and _is_int(value.get("process")))),
+    "lost_process": _optional(_is_int),
 }
 _REQUIRED = ("name", "run_id", "pid", "state")
 

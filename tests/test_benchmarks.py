@@ -6,6 +6,7 @@ is shared and noisy); `benchmarks/README.md` holds the measured ones.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -14,7 +15,11 @@ import pytest
 from helpers import REPO, child_env
 
 
-@pytest.mark.parametrize("script", ["latency", "checkpoint_cost", "rest_api"])
+@pytest.mark.parametrize("script", [
+    "latency", "checkpoint_cost", "rest_api",
+    # A 2-process JAX job (jax is in the test extra).
+    pytest.param("distributed", marks=pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")),
+])
 def test_benchmark_quick_run_prints_its_summary(script, tmp_path):
     quick_run(script, tmp_path)
 

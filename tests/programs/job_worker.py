@@ -1,15 +1,22 @@
 """One process of a multi-process JAX job under `ControlCallback` (for tests/test_distributed.py).
 
-    python job_worker.py PROCESS NUM_PROCESSES PORT NAME CHECKPOINT_DIR LOG [--epochs N] [--batch-sleep S] [--resume]
+    python job_worker.py PROCESS NUM_PROCESSES PORT NAME CHECKPOINT_DIR LOG [--epochs N] [--batch-sleep S]
+                         [--lost-after S] [--no-preemption-service] [--resume]
 
 Appends one JSON line per event to LOG.PROCESS: each command this process
-applied with the batch boundary it applied it at, then its RESULT.
+applied with the batch boundary it applied it at, its final state as its
+own record has it (``final``: state, error, lost process), then its RESULT
+if `fit` returned.
 """
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import time
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out dumps every thread's stack
 
 os.environ["KERAS_BACKEND"] = "jax"
 parser = argparse.ArgumentParser()
@@ -22,12 +29,16 @@ parser.add_argument("log")
 parser.add_argument("--epochs", type=int, default=1000)
 parser.add_argument("--batch-sleep", type=float, default=0.01)
 parser.add_argument("--lost-after", type=float, default=5.0)
+parser.add_argument("--exit-grace", type=float, default=5.0)
+parser.add_argument("--no-preemption-service", action="store_true", help="SIGTERM handled by our own handler")
 parser.add_argument("--resume", action="store_true")
 args = parser.parse_args()
 
 import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
+if args.no_preemption_service:
+    jax.config.update("jax_enable_preemption_service", False)
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.processes,
                            process_id=args.process, heartbeat_timeout_seconds=20)
 
@@ -49,12 +60,16 @@ model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
 
 log = open(f"{args.log}.{args.process}", "a", buffering=1)
 control = ControlCallback(name=args.name, checkpoint_dir=args.checkpoint_dir, resume=args.resume, verbose=False,
-                          job=current_job(lost_after=args.lost_after, exit_grace=5.0))
+                          job=current_job(lost_after=args.lost_after, exit_grace=args.exit_grace))
 
 
 def note(lifecycle, event):
     if event is not None and event["kind"] in ("command", "state", "error"):
         log.write(json.dumps({"kind": event["kind"], "message": event["message"], "boundary": control._progress.boundary}) + "\n")
+    if event is not None and event["kind"] == "state" and lifecycle.ended is not None:
+        record = lifecycle.record()
+        log.write(json.dumps({"kind": "final", "state": record["state"], "error": lifecycle.error,
+                              "lost_process": record.get("lost_process"), "processes": record.get("processes")}) + "\n")
 
 
 class Pace(keras.callbacks.Callback):
@@ -72,6 +87,7 @@ class Pace(keras.callbacks.Callback):
 
 history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=[control, Pace()])
 result = {"process": args.process, "state": str(control.state), "epochs": len(history.epoch),
+          "sigterm_restored": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
           "optimizer_step": int(model.optimizer.iterations.numpy()), "boundary": control._progress.boundary,
           "checkpoints": [str(p) for p in control.checkpoints]}
 log.write(json.dumps({"kind": "result", **result}) + "\n")
