@@ -81,7 +81,9 @@ class ControlCallback(keras.callbacks.Callback):
             merged into the next). Costs one host copy of the model's and
             optimizer's variables, kept from the first ``save`` to the end
             of `fit` and reused by each save. False: write on the training
-            thread (no copy). Defaults to True.
+            thread (no copy). Defaults to True. A job's saves (`job`) are
+            always written on the training thread: every process takes each
+            one at the agreed step, in step with process 0's write.
         tunables: Names to Keras variables the model reads (a dropout
             rate, a loss weight) that ``set NAME=VALUE`` may change, next to
             the optimizer's hyperparameters. Defaults to none.
@@ -304,7 +306,10 @@ class ControlCallback(keras.callbacks.Callback):
         lifecycle = self.lifecycle
         self._steering = Steering(self.model, lifecycle, self._progress, self._say, self.tunables)
         actions = CommandActions(self.model, lifecycle, self._progress, self._say,
-                                 save_in_background=self.save_in_background, steering=self._steering,
+                                 # A job's processes save in step (process 0 writes, the others take part
+                                 # in the collectives of the serialization and wait): on the training thread.
+                                 save_in_background=self.save_in_background and self._job is None,
+                                 steering=self._steering,
                                  sync=self._sync_model)
         self._nan_policy = NanPolicy(
             self.on_nan, self._steering, actions.stop_without_checkpoint, self._say, self.nan_rollbacks

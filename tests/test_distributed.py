@@ -184,6 +184,8 @@ def test_every_command_is_applied_by_every_process_at_one_step(tmp_path, jobs, r
     assert codes == [0] * n, [text[-3000:] for text in job.stderr]
     logs = [job.applied(i) for i in range(n)]
     assert all(log == logs[0] for log in logs), logs
+    errors = [[e["message"] for e in job.events(i) if e["kind"] == "error"] for i in range(n)]
+    assert errors == [[]] * n  # every save was the job's one checkpoint, on every process
     commands = [message.split()[0] for message, _ in logs[0] if message.endswith("received")]
     assert commands[: len(sent)] == sent
     assert commands[len(sent)] == ("abort" if last == "abort" else "stop")
