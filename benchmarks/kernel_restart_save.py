@@ -28,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 import time
