@@ -66,3 +66,28 @@ class Kernel(KernelSession):
         """Clicks a widget Button exactly as a browser does: a comm message."""
         content = {"comm_id": model_id, "data": {"method": "custom", "content": {"event": "click"}}}
         self.kc.shell_channel.send(self.kc.session.msg("comm_msg", content))
+
+
+TERMINAL_SESSION = (
+    "import numpy as np, keras\n"
+    "x = np.random.rand(64, 3).astype('float32'); y = x.sum(1, keepdims=True)\n"
+    "model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]); model.compile('adam', 'mse')\n"
+    "%load_ext jupyter_traincontrol\n"
+    "run = get_ipython().run_cell_magic('interruptible_fit', '--name term', 'model.fit(x, y, epochs=2, verbose=0)')\n"
+    "run.wait()\n"
+)
+
+
+def run_terminal_session(tmp_path: Path, runtime_dir: Path, then: str):
+    """Runs a plain IPython terminal session (no kernel, no widgets) that
+    trains `model` under ``%%interruptible_fit --name term`` and waits for
+    `run`, then runs the lines `then`. Returns the completed process."""
+    import subprocess
+
+    runtime_dir.parent.mkdir(exist_ok=True)
+    script = tmp_path / "session.ipy"
+    script.write_text(TERMINAL_SESSION + then)
+    ipython = str(Path(sys.executable).parent / "ipython")
+    return subprocess.run([ipython, "--no-banner", "--quick", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, env=child_env(runtime_dir.parent), timeout=120)
+

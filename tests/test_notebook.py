@@ -426,28 +426,13 @@ def test_top_level_await_and_subprocesses_still_work(kernel):
 
 
 def test_plain_ipython_terminal_gets_a_text_summary(tmp_path, runtime_dir):
-    import subprocess
-    import sys
-    from pathlib import Path
+    from kernel_harness import run_terminal_session
 
-    from helpers import child_env
-
-    runtime_dir.parent.mkdir(exist_ok=True)
-    script = tmp_path / "session.ipy"
-    script.write_text(
-        "import numpy as np, keras\n"
-        "x = np.random.rand(64, 3).astype('float32'); y = x.sum(1, keepdims=True)\n"
-        "model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]); model.compile('adam', 'mse')\n"
-        "%load_ext jupyter_traincontrol\n"
-        "run = get_ipython().run_cell_magic('interruptible_fit', '--name term', 'model.fit(x, y, epochs=2, verbose=0)')\n"
-        "run.wait()\n"
+    result = run_terminal_session(tmp_path, runtime_dir, then=(
         "print(repr(run.state))\n"
         "get_ipython().run_line_magic('pprint', '')\n"
         "print(run._repr_mimebundle_().keys())\n"
-    )
-    ipython = str(Path(sys.executable).parent / "ipython")
-    result = subprocess.run([ipython, "--no-banner", "--quick", str(script)], capture_output=True, text=True,
-                            cwd=tmp_path, env=child_env(runtime_dir.parent), timeout=120)
+    ))
     assert result.returncode == 0, result.stderr
     assert "[traincontrol] term: running" in result.stdout
     assert "[traincontrol] term: finished" in result.stdout

@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import child_env, cli, read_sidecar, run_python
-from kernel_harness import Kernel
+from helpers import cli, read_sidecar, run_python
+from kernel_harness import Kernel, run_terminal_session
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -126,20 +123,9 @@ def test_an_interrupt_checkpoints_and_stops_and_the_next_cell_resumes(kernel):
 
 
 def test_a_plain_ipython_terminal_gets_the_text_reporter(tmp_path, runtime_dir):
-    runtime_dir.parent.mkdir(exist_ok=True)
-    script = tmp_path / "session.ipy"
-    script.write_text(
-        "import numpy as np, keras\n"
-        "x = np.random.rand(64, 3).astype('float32'); y = x.sum(1, keepdims=True)\n"
-        "model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]); model.compile('adam', 'mse')\n"
-        "%load_ext jupyter_traincontrol\n"
-        "run = get_ipython().run_cell_magic('interruptible_fit', '--name term', 'model.fit(x, y, epochs=2, verbose=0)')\n"
-        "run.wait()\n"
+    result = run_terminal_session(tmp_path, runtime_dir, then=(
         "print(str(run.state), keras.backend.backend(), int(model.optimizer.iterations.numpy()))\n"
-    )
-    ipython = str(Path(sys.executable).parent / "ipython")
-    result = subprocess.run([ipython, "--no-banner", "--quick", str(script)], capture_output=True, text=True,
-                            cwd=tmp_path, env=child_env(runtime_dir.parent), timeout=120)
+    ))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "[traincontrol] term: running" in result.stdout
     assert "[traincontrol] term: finished" in result.stdout
