@@ -290,7 +290,7 @@ def _snapshot_bytes(model) -> float:
 def _cumulative(stats, funcname: str, file_end: str, *, caller: str | None = None) -> float:
     """Seconds spent in (and below) the functions called `funcname` defined in
     a file ending in `file_end`; with `caller`, only in calls made directly
-    by functions of that name in ``checkpoint.py``."""
+    by functions of that name in the store (``store.py``)."""
     total = 0.0
     for key, (_cc, _nc, _tt, cumulative, callers) in stats.items():
         if key[2] != funcname or not key[0].endswith(file_end):
@@ -303,20 +303,30 @@ def _cumulative(stats, funcname: str, file_end: str, *, caller: str | None = Non
 
 
 def split_parts(stats) -> dict[str, float]:
-    """Splits a profiled `CheckpointStore.save` into its parts (seconds)."""
+    """Splits a profiled `CheckpointStore.save` into its parts (seconds).
+
+    The names are those of `CheckpointStore`'s steps: staging (`_write_staged`:
+    intent record, staging folder, ``model.save``, sidecar, two renames), and
+    around it the folder check, the scan and the next name, flushing the
+    previous checkpoint and pruning (`_flush_previous`, `_prune`; their
+    fsyncs are in "flush").
+    """
     ours = "store.py"
 
-    def in_save(funcname, file_end):
-        return _cumulative(stats, funcname, file_end, caller="save")
+    def staged(funcname, file_end="~"):
+        return _cumulative(stats, funcname, file_end, caller="_write_staged")
 
     flush = _cumulative(stats, "_flush", ours)
     parts = {
         "model.save": _cumulative(stats, "save", os.path.join("keras", "src", "models", "model.py")),
-        "sidecar write": in_save("write_text", "pathlib.py"),
-        "renames": in_save("<built-in method posix.replace>", "~"),
-        "staging folder": in_save("mkdtemp", "tempfile.py") + in_save("rmtree", "shutil.py"),
+        "sidecar write": staged("_write_new_file", ours),
+        "renames": staged("<built-in method posix.rename>"),
+        "staging folder": staged("<built-in method posix.mkdir>") + staged("<built-in method posix.rmdir>"),
+        "intent record": staged("_record_intent", "folder.py"),
         "flush (fsync)": flush,
-        "listing, prune": sum(in_save(name, ours) for name in ("_prune", "_remove_partials", "_next_sequence")) - flush,
+        "check, scan, prune": sum(_cumulative(stats, name, ours, caller="_save")
+                                  for name in ("_check_folder", "_scan_fd", "_free_name", "_flush_previous", "_prune"))
+        - flush,
     }
     total = _cumulative(stats, "save", ours)
     parts["other"] = total - sum(parts.values())
