@@ -88,7 +88,7 @@ class BackgroundSaves:
         self._say = say
         self._writer = CheckpointWriter(lifecycle.store, lifecycle.name or "run")
         self._buffers = SnapshotBuffers()  # the host copy, reused from one snapshot to the next
-        self._lock = threading.RLock()  # re-entrant: a second Ctrl+C ends the run from a signal handler
+        self._lock = threading.RLock()  # re-entrant: defensive, a signal handler may land while it is held
         self._waiting: list[Request] = []  # saves not yet in a checkpoint being written
         self._in_flight: list[Request] = []  # saves the write in flight answers
         self._owner = threading.get_ident()  # the training thread
