@@ -93,16 +93,16 @@ def test_pause_holds_the_training_thread_and_commands_still_act(make_model, tiny
     def remote():
         wait_until(lambda: control.state == "paused", message="paused")
         held_at = len(steps_seen)
-        time.sleep(0.4)
+        time.sleep(0.4)  # a negative observation: no step while paused
         assert len(steps_seen) == held_at, "training went on while paused"
-        assert find_run("pauser")["state"] == "paused"
+        wait_until(lambda: find_run("pauser")["state"] == "paused", message="the record to say paused")
         send_command(control.fifo, "save")
         wait_until(lambda: len(control.checkpoints) == 1, message="checkpoint while paused")
         assert len(steps_seen) == held_at
         send_command(control.fifo, "resume")
 
     errors = []
-    thread = threading.Thread(target=lambda: _capture(remote, errors))
+    thread = threading.Thread(target=lambda: _capture(remote, errors, unblock=lambda: control.lifecycle.channel.inject("abort")))
     thread.start()
     history = fit(model, tiny_data, control, Counter(), At(1, 3, lambda cb: send_and_wait_queued(control, "pause")))
     thread.join()
@@ -333,8 +333,13 @@ def test_an_instance_can_be_reused_for_several_fits(make_model, tiny_data, ckpt)
     assert len(list_runs()) == 1
 
 
-def _capture(function, errors):
+def _capture(function, errors, unblock=None):
+    """Runs `function`, keeping what it raised for the test's main thread;
+    then calls `unblock` (so a fit held for `function` ends, and the error is
+    reported instead of the test hanging)."""
     try:
         function()
     except BaseException as error:  # reported by the test's main thread
         errors.append(error)
+        if unblock is not None:
+            unblock()
