@@ -7,6 +7,7 @@ messages, and a cell that is surely busy when an interrupt arrives.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -90,4 +91,24 @@ def run_terminal_session(tmp_path: Path, runtime_dir: Path, then: str):
     ipython = str(Path(sys.executable).parent / "ipython")
     return subprocess.run([ipython, "--no-banner", "--quick", str(script)], capture_output=True, text=True,
                           cwd=tmp_path, env=child_env(runtime_dir.parent), timeout=120)
+
+
+#: The newest run of the kernel, as the kernel names it.
+RUN = "jupyter_traincontrol.runs()[-1]"
+#: A cell that trains the harness's model under ``%%interruptible_fit``.
+FIT_CELL = """%%interruptible_fit --name {name} {options}
+history = model.fit(x, y, batch_size=8, epochs={epochs}, callbacks=[Slow({sleep})], verbose=0)
+"""
+
+
+@contextlib.contextmanager
+def kernel_session(tmp_path: Path, runtime_dir: Path):
+    """A test's `Kernel`, shut down on leaving (pass or fail)."""
+    runtime_dir.parent.mkdir(exist_ok=True)
+    kernel = Kernel(tmp_path, runtime_dir.parent)
+    try:
+        yield kernel
+    finally:
+        if kernel.alive():
+            kernel.shutdown()
 

@@ -13,23 +13,14 @@ import pytest
 
 from helpers import read_sidecar, run_python, wait_until
 from jupyter_traincontrol.registry import list_runs
-from kernel_harness import Kernel
+from kernel_harness import FIT_CELL, RUN, Kernel, kernel_session
 
 pytestmark = pytest.mark.timeout(240)
 
-RUN = "jupyter_traincontrol.runs()[-1]"
-FIT_CELL = """%%interruptible_fit --name {name} {options}
-history = model.fit(x, y, batch_size=8, epochs={epochs}, callbacks=[Slow({sleep})], verbose=0)
-"""
-
-
 @pytest.fixture
 def kernel(tmp_path, runtime_dir):
-    runtime_dir.parent.mkdir(exist_ok=True)
-    k = Kernel(tmp_path, runtime_dir.parent)
-    yield k
-    if k.alive():
-        k.shutdown()
+    with kernel_session(tmp_path, runtime_dir) as k:
+        yield k
 
 
 def start_fit(kernel, name, epochs=200, sleep=0.01, options=""):

@@ -24,7 +24,7 @@ import os
 import pytest
 
 from helpers import cli, read_sidecar, run_python
-from kernel_harness import Kernel, run_terminal_session
+from kernel_harness import FIT_CELL, RUN, kernel_session, run_terminal_session
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -32,20 +32,11 @@ pytestmark = [
 ]
 
 BACKEND = os.environ["KERAS_BACKEND"]
-RUN = "jupyter_traincontrol.runs()[-1]"
-FIT_CELL = """%%interruptible_fit --name {name} {options}
-history = model.fit(x, y, batch_size=8, epochs={epochs}, callbacks=[Slow({sleep})], verbose=0)
-"""
-
-
 @pytest.fixture
 def kernel(tmp_path, runtime_dir):
-    runtime_dir.parent.mkdir(exist_ok=True)
-    k = Kernel(tmp_path, runtime_dir.parent)
-    assert k.value("keras.backend.backend()") == BACKEND  # the kernel inherited KERAS_BACKEND
-    yield k
-    if k.alive():
-        k.shutdown()
+    with kernel_session(tmp_path, runtime_dir) as k:
+        assert k.value("keras.backend.backend()") == BACKEND  # the kernel inherited KERAS_BACKEND
+        yield k
 
 
 def start_fit(kernel, name, epochs=200, sleep=0.01, options=""):
