@@ -36,7 +36,8 @@ lab: demo
 	cp -n notebooks/*.ipynb $(LAB_DIR)/
 	cd $(LAB_DIR) && $(BIN)/jupyter lab quickstart.ipynb $(LAB_FLAGS)
 
-## test: the whole test suite on TensorFlow, then the core tests (callback,
+## test: the architecture's import contracts (lint-imports), the whole test
+## suite on TensorFlow, then the core tests (callback,
 ## commands, resume, checkpoints, the script driven by the CLI, Ctrl+C, the
 ## fault cases with a fit) and the notebook's main scenarios (a real kernel)
 ## again on JAX and on torch (what CI runs)
@@ -44,6 +45,7 @@ BACKEND_TESTS ?= tests/test_callback.py tests/test_cli.py tests/test_checkpoint.
                  tests/test_steering.py tests/test_background_saves.py tests/test_exact_resume.py \
                  tests/test_backends.py tests/test_notebook_backends.py
 test: $(STAMP)
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q $(BACKEND_TESTS)
 	KERAS_BACKEND=torch $(BIN)/python -m pytest -q $(BACKEND_TESTS)

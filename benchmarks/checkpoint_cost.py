@@ -96,7 +96,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
     import numpy as np
 
     from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.channel import send_command
+    from jupyter_traincontrol.transport.send import deliver
 
     schedule = _common.rotation(list(VARIANTS), rounds, warmup=1)
     control = ControlCallback(name="bench-checkpoint", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False,
@@ -125,7 +125,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
                 return
             _round, name, warming = schedule[self.index]
             self.index += 1
-            control._actions.saves._writer.wait()  # the previous background write ends first (untimed)
+            control.session.actions.saves._writer.wait()  # the previous background write ends first (untimed)
             if written_back:
                 os.sync()
             if name == "model.save":
@@ -144,7 +144,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
                         old.unlink()
             else:
                 inner_saves.clear()
-                send_command(control.fifo, "save")
+                deliver(control.fifo, "save")
                 _common.wait_for(lambda: control.lifecycle.channel.pending, 10, "the save command to be queued")
                 started["at"], started["warming"] = time.perf_counter(), warming
 
@@ -171,7 +171,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
         del model.save
     expected = sum(1 for _r, name, _w in schedule if name == "save command")
     if len(checkpoint_events) != expected or len(results["save command"]) != rounds:
-        raise RuntimeError(f"Expected {expected} checkpoints, the run wrote {len(checkpoint_events)}: {list(control.lifecycle.events)}")
+        raise RuntimeError(f"Expected {expected} checkpoints, the run wrote {len(checkpoint_events)}: {list(control.lifecycle.journal.events)}")
     return results
 
 
@@ -235,7 +235,7 @@ def measure_memory(model, folder: Path) -> dict[str, float]:
     import numpy as np
 
     from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.channel import send_command
+    from jupyter_traincontrol.transport.send import deliver
 
     control = ControlCallback(name="bench-memory", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False,
                               handle_sigint=False)
@@ -250,14 +250,14 @@ def measure_memory(model, folder: Path) -> dict[str, float]:
 
         def on_train_batch_end(self, batch, logs=None):
             self.step += 1
-            writer = control._actions.saves._writer
+            writer = control.session.actions.saves._writer
             if self.step in (2, 3):  # the save command of the step before has been taken: wait for its write
                 writer.wait()
                 name = "first save peak" if self.step == 2 else "later save peak"
                 found[name] = self.memory.peak_since_mark() - self.base
             if self.step == 3:
                 found["kept after write"] = self.memory.now() - self.before_first
-                found["host copy"] = control._actions.saves._buffers.nbytes
+                found["host copy"] = control.session.actions.saves._buffers.nbytes
             if self.step == 1:
                 self.base = self.memory.mark()
                 self.model.save(folder / "plain.keras")
@@ -266,7 +266,7 @@ def measure_memory(model, folder: Path) -> dict[str, float]:
                 if self.step == 1:
                     self.before_first = self.memory.now()
                 self.base = self.memory.mark()
-                send_command(control.fifo, "save")
+                deliver(control.fifo, "save")
                 _common.wait_for(lambda: control.lifecycle.channel.pending, 10, "the save command to be queued")
 
     units = model.input_shape[-1]
@@ -278,7 +278,7 @@ def measure_memory(model, folder: Path) -> dict[str, float]:
 
 def _snapshot_bytes(model) -> float:
     """Bytes of the host copy a background save holds while it is written."""
-    from jupyter_traincontrol.checkpoint import ModelSnapshot
+    from jupyter_traincontrol.state import ModelSnapshot
 
     snapshot = ModelSnapshot.take(model)
     try:

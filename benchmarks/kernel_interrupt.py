@@ -45,7 +45,7 @@ CELL = "%%interruptible_fit --name {name} --checkpoint-dir {folder}\nmodel.fit(x
 def measure(kernel: KernelSession, workdir: Path, name: str, pace: float, rng: random.Random) -> float:
     folder = workdir / name
     kernel.execute(CELL.format(name=name, folder=folder, pace=pace))
-    kernel.wait_for("jupyter_traincontrol.runs()[-1].lifecycle.step > 0", timeout=60, interval=0.05)
+    kernel.wait_for("jupyter_traincontrol.runs()[-1].lifecycle.progress.step > 0", timeout=60, interval=0.05)
     time.sleep(rng.uniform(0.2, 0.6))
     started = time.perf_counter()
     kernel.interrupt()

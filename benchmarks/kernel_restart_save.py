@@ -112,7 +112,7 @@ def restart_during_run(scratch: Path, megabytes: float, wait_time: float | None 
             kernel.km.shutdown_wait_time = wait_time
             kernel.execute(f"%config TrainControlMagics.shutdown_grace = {wait_time - 0.5}")
         kernel.execute(CELL.format(folder=folder))
-        kernel.wait_for("jupyter_traincontrol.runs()[-1].lifecycle.step > 1", timeout=120, interval=0.05)
+        kernel.wait_for("jupyter_traincontrol.runs()[-1].lifecycle.progress.step > 1", timeout=120, interval=0.05)
         stop, found = threading.Event(), {}
         pid = kernel.km.provisioner.process.pid
         watcher = threading.Thread(target=_watch, args=(folder, pid, stop, found), daemon=True)

@@ -130,7 +130,7 @@ def run_fit(model, x, y, batch_size, order, rng, spread_s, folder) -> dict[str, 
         between two boundaries.
     """
     from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.channel import send_command
+    from jupyter_traincontrol.transport.send import deliver
 
     control = ControlCallback(name="bench-latency", checkpoint_dir=folder, verbose=False, handle_sigint=False)
     recorder = EventRecorder()
@@ -143,7 +143,7 @@ def run_fit(model, x, y, batch_size, order, rng, spread_s, folder) -> dict[str, 
         time.sleep(rng.uniform(0, spread_s))
         mark = recorder.mark()
         written = time.perf_counter()
-        send_command(control.fifo, word)
+        deliver(control.fifo, word)
         acted = recorder.wait_for("command", f"{word} received", mark)
         effect = recorder.wait_for(effect_kind, effect_message, mark) if effect_kind else None
         times[word] = {"write": written, "acted": acted, "effect": effect}
@@ -155,7 +155,7 @@ def run_fit(model, x, y, batch_size, order, rng, spread_s, folder) -> dict[str, 
                 if word == "pause":
                     command("pause", "state", "paused")
                     mark = recorder.mark()
-                    send_command(control.fifo, "resume")
+                    deliver(control.fifo, "resume")
                     recorder.wait_for("state", "running", mark)
                 else:
                     command("save", "checkpoint", "save")
@@ -163,7 +163,7 @@ def run_fit(model, x, y, batch_size, order, rng, spread_s, folder) -> dict[str, 
         except BaseException as error:  # reported by the main thread
             failure.append(error)
             if control.fifo:
-                send_command(control.fifo, "abort")
+                deliver(control.fifo, "abort")
 
     writer = threading.Thread(target=drive, name="bench-latency-writer")
     writer.start()

@@ -56,7 +56,7 @@ def _start_server(folder, port: int) -> subprocess.Popen:
 def main(argv=None) -> None:
     parser = _common.make_parser(__doc__, rounds=9, quick_rounds=2)
     args = _common.parse_args(parser, argv)
-    from jupyter_traincontrol.lifecycle import RunLifecycle
+    from jupyter_traincontrol.run import RunLifecycle
 
     with _common.scratch_folder(args.dir, "traincontrol-bench-rest-") as folder:
         runs = [RunLifecycle(f"run-{index:03d}", folder / "ck" / str(index)).open() for index in range(RUNS)]

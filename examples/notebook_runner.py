@@ -169,7 +169,7 @@ class KernelSession:
         self.km.shutdown_kernel(now=False)
 
 
-TRAINING = "__import__('jupyter_traincontrol').runs() and __import__('jupyter_traincontrol').runs()[-1].lifecycle.step > 0"
+TRAINING = "__import__('jupyter_traincontrol').runs() and __import__('jupyter_traincontrol').runs()[-1].lifecycle.progress.step > 0"
 ENDED = "__import__('jupyter_traincontrol').runs()[-1].state in ('stopped', 'aborted', 'finished', 'failed')"
 
 

@@ -5,6 +5,11 @@ and the Jupyter server extension start without importing Keras. The
 ``_jupyter_*`` functions are the entry points by which Jupyter finds the
 server extension (`jupyter_traincontrol.server`) and the prebuilt JupyterLab
 extension (``jupyter_traincontrol/labextension``).
+
+The package's folders are its layers, each importing only from those below
+it (checked by ``lint-imports``): ``protocol`` < ``system`` < ``transport``,
+``registry`` < ``checkpoint`` < ``run``, ``control``, ``state`` <
+``boundary``, ``job`` < ``fit``, ``loop`` < ``notebook``.
 """
 
 from __future__ import annotations
@@ -27,15 +32,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .callback import ControlCallback
     from .checkpoint import CheckpointStore
-    from .lifecycle import RunLifecycle
+    from .fit.callback import ControlCallback
+    from .run.lifecycle import RunLifecycle
 
 _LAZY = {
-    "ControlCallback": ("callback", "ControlCallback"),
-    "RunLifecycle": ("lifecycle", "RunLifecycle"),
+    "ControlCallback": ("fit.callback", "ControlCallback"),
+    "RunLifecycle": ("run.lifecycle", "RunLifecycle"),
     "CheckpointStore": ("checkpoint", "CheckpointStore"),
-    "send": ("client", "send"),
+    "send": ("control.client", "send"),
     "list_runs": ("registry", "list_runs"),
     "TrainingRun": ("notebook.run", "TrainingRun"),
     "runs": ("notebook.run", "all_runs"),

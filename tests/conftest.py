@@ -68,8 +68,8 @@ def no_leaks(runtime_dir, request):
         problems.append(f"threads still alive: {[t.name for t in _our_threads()]}")
     if _fifos_under(runtime_dir):
         problems.append(f"FIFOs left: {_fifos_under(runtime_dir)}")
-    from jupyter_traincontrol.private_fs import UnsafePathError
-    from jupyter_traincontrol.commands import ACTIVE_STATES
+    from jupyter_traincontrol.system.private_fs import UnsafePathError
+    from jupyter_traincontrol.protocol import ACTIVE_STATES
     from jupyter_traincontrol.registry import list_runs
 
     try:
@@ -129,6 +129,12 @@ def tiny_data():
 
 
 @pytest.fixture
+def ckpt(tmp_path):
+    """A checkpoint folder for the test's run (not created)."""
+    return tmp_path / "ck"
+
+
+@pytest.fixture
 def make_model():
     """Builds a one-layer regression model, compiled with Adam."""
     from helpers import build_model
@@ -139,17 +145,29 @@ def make_model():
 @pytest.fixture
 def live_run(tmp_path):
     """A listening run in this process, in the middle of epoch 3 of 20 (no
-    Keras needed to receive commands)."""
-    from jupyter_traincontrol.lifecycle import RunLifecycle
+    Keras needed to receive commands); its driver's counters are ``source``."""
+    from jupyter_traincontrol.boundary.progress import TrainingProgress
+    from jupyter_traincontrol.run import RunLifecycle
 
     control = RunLifecycle("alpha", tmp_path / "ck").open()
-    control.set_state("running")
-    control.epoch, control.epochs, control.step, control.steps = 3, 20, 7, 50
-    control.metrics = {"loss": 0.213456}
-    control.record_epoch(0, {"loss": 0.5, "val_loss": 0.6})
+    control.move_to("running")
+    progress = TrainingProgress(epoch=2)
+    progress.epoch_begun, progress.epochs, progress.step, progress.steps = True, 20, 7, 50
+    progress.metrics = {"loss": 0.213456}
+    control.follow(progress)
+    control.history.record_epoch(0, {"loss": 0.5, "val_loss": 0.6})
     control.publish(force=True)
     yield control
     control.close("stopped")
+
+
+@pytest.fixture
+def kernel(tmp_path, runtime_dir):
+    """A real IPython kernel with a tiny model (`kernel_harness.Kernel`), shut down pass or fail."""
+    from kernel_harness import kernel_session
+
+    with kernel_session(tmp_path, runtime_dir) as session:
+        yield session
 
 
 @pytest.fixture

@@ -55,6 +55,15 @@ class At:
         return _At()
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
     """Polls `predicate` until it is truthy; fails after `timeout` seconds."""
     deadline = time.monotonic() + timeout

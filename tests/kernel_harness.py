@@ -101,6 +101,14 @@ history = model.fit(x, y, batch_size=8, epochs={epochs}, callbacks=[Slow({sleep}
 """
 
 
+def start_fit(kernel: Kernel, name: str, epochs: int = 200, sleep: float = 0.01, options: str = ""):
+    """Runs `FIT_CELL` in `kernel` and returns its result once the run trains."""
+    result = kernel.execute(FIT_CELL.format(name=name, options=options, epochs=epochs, sleep=sleep))
+    assert result.status == "ok", result.error
+    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.lifecycle.progress.step > 0", timeout=60)
+    return result
+
+
 @contextlib.contextmanager
 def kernel_session(tmp_path: Path, runtime_dir: Path):
     """A test's `Kernel`, shut down on leaving (pass or fail)."""

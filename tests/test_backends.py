@@ -18,11 +18,11 @@ import keras
 import numpy as np
 import pytest
 
+from driving import BATCH, fit
 from helpers import At, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.channel import send_command
+from jupyter_traincontrol.transport.send import deliver
 
-BATCH = 8  # 64 samples: 8 batches an epoch
 
 
 class AsyncSafeProbe(keras.callbacks.Callback):
@@ -40,13 +40,8 @@ class AsyncSafeProbe(keras.callbacks.Callback):
 
 def queue_command(control, command):
     """Writes `command` to the run's FIFO and waits until the reader queued it."""
-    send_command(control.fifo, command)
+    deliver(control.fifo, command)
     wait_until(lambda: control.lifecycle.channel.pending, message=f"{command} queued")
-
-
-def fit(model, data, *callbacks, epochs=3):
-    x, y = data
-    return model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
 
 
 def test_without_control_an_async_safe_callback_runs_where_keras_puts_it(make_model, tiny_data):

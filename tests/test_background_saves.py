@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.checkpoint import ModelSnapshot, SnapshotBuffers
+from jupyter_traincontrol.state import ModelSnapshot, SnapshotBuffers
 
 BACKEND = keras.backend.backend()
 
@@ -41,7 +41,7 @@ class Scripted(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self.on_phase is not None:  # the store exists once the run is open
-            self.control.lifecycle.store._on_phase = self.on_phase
+            self.control.lifecycle.store.on_phase = self.on_phase
 
     def on_train_batch_end(self, batch, logs=None):
         self.count += 1
@@ -60,7 +60,7 @@ def _slow(seconds: float, phase: str = "staged-model"):
 
 
 def _acks(control) -> dict[str, tuple[str, str]]:
-    return {i: (ack["outcome"], ack["message"]) for ack in control.lifecycle.acks for i in ack["ids"]}
+    return {i: (ack["outcome"], ack["message"]) for ack in control.lifecycle.journal.acks for i in ack["ids"]}
 
 
 def _fit(model, data, *callbacks, epochs=1):
@@ -128,7 +128,7 @@ def test_back_to_back_background_saves_each_hold_their_boundary_and_the_copy_is_
     class WaitForWriter(keras.callbacks.Callback):  # b reuses a's arrays, c reuses b's: never two copies at once
         def on_train_batch_end(self, batch, logs=None):
             if probe.count in (5, 10):
-                control._actions.saves._writer.wait()
+                control.session.actions.saves._writer.wait()
 
     _fit(model, tiny_data, control, probe, WaitForWriter())
     checkpoints = control.lifecycle.checkpoints()
@@ -136,7 +136,7 @@ def test_back_to_back_background_saves_each_hold_their_boundary_and_the_copy_is_
     for checkpoint in checkpoints:
         for a, b in zip(_loaded_state(checkpoint.path), probe.states[checkpoint.info["global_step"]], strict=True):
             assert np.array_equal(a, b), checkpoint.info["global_step"]
-    assert control._actions.saves._buffers.nbytes == 0  # the host copy does not outlive the fit
+    assert control.session.actions.saves._buffers.nbytes == 0  # the host copy does not outlive the fit
 
 
 def test_a_save_is_written_in_the_background_with_the_weights_of_its_boundary(make_model, tiny_data, tmp_path):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, read_sidecar, wait_until
+from helpers import REPO, free_port, read_sidecar, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "traincontrol-browser-test"
@@ -38,12 +37,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class JupyterServer:
     """`jupyter lab` or `jupyter notebook` in a subprocess, with private Jupyter folders.
 
@@ -56,7 +49,7 @@ class JupyterServer:
     """
 
     def __init__(self, app: str, home: Path, *, server_extension: bool = True):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config, data, settings, workspaces, root = (home / name for name in ("config", "data", "settings", "workspaces", "root"))
         self.root = root

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import functools
 import threading
 import time
 
@@ -11,31 +12,24 @@ import keras
 import numpy as np
 import pytest
 
+import driving
+from driving import abort_run, guarded
 from helpers import At, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.channel import NotListeningError, send_command
+from jupyter_traincontrol.transport.send import NotListeningError, deliver
 from jupyter_traincontrol.checkpoint import LOCK_FILE
 from jupyter_traincontrol.registry import NameTakenError, find_run, list_runs
 
 EPOCHS = 4
-BATCH = 8  # 64 samples: 8 batches an epoch
 
 
 def send_and_wait_queued(callback, command):
     """Writes `command` to the run's FIFO and waits until the reader queued it."""
-    send_command(callback.fifo, command)
+    deliver(callback.fifo, command)
     wait_until(lambda: callback.lifecycle.channel is None or callback.lifecycle.channel.pending, message=f"{command} queued")
 
 
-def fit(model, data, *callbacks, epochs=EPOCHS, **kwargs):
-    x, y = data
-    kwargs.setdefault("shuffle", False)
-    return model.fit(x, y, batch_size=BATCH, epochs=epochs, callbacks=list(callbacks), verbose=0, **kwargs)
-
-
-@pytest.fixture
-def ckpt(tmp_path):
-    return tmp_path / "ck"
+fit = functools.partial(driving.fit, epochs=EPOCHS)
 
 
 def test_stop_checkpoints_then_ends_fit_gracefully(make_model, tiny_data, ckpt):
@@ -96,20 +90,20 @@ def test_pause_holds_the_training_thread_and_commands_still_act(make_model, tiny
         time.sleep(0.4)  # a negative observation: no step while paused
         assert len(steps_seen) == held_at, "training went on while paused"
         wait_until(lambda: find_run("pauser")["state"] == "paused", message="the record to say paused")
-        send_command(control.fifo, "save")
+        deliver(control.fifo, "save")
         wait_until(lambda: len(control.checkpoints) == 1, message="checkpoint while paused")
         assert len(steps_seen) == held_at
-        send_command(control.fifo, "resume")
+        deliver(control.fifo, "resume")
 
     errors = []
-    thread = threading.Thread(target=lambda: _capture(remote, errors, unblock=lambda: control.lifecycle.channel.inject("abort")))
+    thread = threading.Thread(target=lambda: guarded(remote, errors, unblock=lambda: abort_run(control)))
     thread.start()
     history = fit(model, tiny_data, control, Counter(), At(1, 3, lambda cb: send_and_wait_queued(control, "pause")))
     thread.join()
     assert not errors, errors[0]
     assert history.epoch == list(range(EPOCHS))
     assert control.state == "finished"
-    assert [e["message"] for e in control.lifecycle.events if e["kind"] == "state"][:3] == ["running", "paused", "running"]
+    assert [e["message"] for e in control.lifecycle.journal.events if e["kind"] == "state"][:3] == ["running", "paused", "running"]
 
 
 def test_stop_while_paused(make_model, tiny_data, ckpt):
@@ -118,7 +112,7 @@ def test_stop_while_paused(make_model, tiny_data, ckpt):
 
     def remote():
         wait_until(lambda: control.state == "paused", message="paused")
-        send_command(control.fifo, "stop")
+        deliver(control.fifo, "stop")
 
     thread = threading.Thread(target=remote)
     thread.start()
@@ -238,12 +232,12 @@ def test_garbage_on_the_fifo_is_logged_and_the_run_stays_controllable(make_model
         fd = os.open(control.fifo, os.O_WRONLY)
         os.write(fd, b"\x00\xff garbage\nfrobnicate\n")
         os.close(fd)
-        wait_until(lambda: any(e["kind"] == "rejected" for e in control.lifecycle.events), message="rejections")
+        wait_until(lambda: any(e["kind"] == "rejected" for e in control.lifecycle.journal.events), message="rejections")
         send_and_wait_queued(control, "stop")
 
     fit(model, tiny_data, control, At(0, 3, spray))
     assert control.state == "stopped"
-    rejected = [e["message"] for e in control.lifecycle.events if e["kind"] == "rejected"]
+    rejected = [e["message"] for e in control.lifecycle.journal.events if e["kind"] == "rejected"]
     assert len(rejected) == 2 and "frobnicate" in rejected[1]
 
 
@@ -254,11 +248,11 @@ def test_the_record_shows_live_progress(make_model, tiny_data, ckpt):
 
     def look(cb):
         try:
-            send_command(control.fifo, "pause")
+            deliver(control.fifo, "pause")
             wait_until(lambda: find_run("progress")["state"] == "paused", message="paused record")
             seen.update(find_run("progress"))
         finally:
-            send_command(control.fifo, "resume")  # whatever happened: the fit must not stay paused
+            deliver(control.fifo, "resume")  # whatever happened: the fit must not stay paused
 
     def pause_later(cb):
         threading.Thread(target=look, args=(cb,)).start()
@@ -333,13 +327,3 @@ def test_an_instance_can_be_reused_for_several_fits(make_model, tiny_data, ckpt)
     assert len(list_runs()) == 1
 
 
-def _capture(function, errors, unblock=None):
-    """Runs `function`, keeping what it raised for the test's main thread;
-    then calls `unblock` (so a fit held for `function` ends, and the error is
-    reported instead of the test hanging)."""
-    try:
-        function()
-    except BaseException as error:  # reported by the test's main thread
-        errors.append(error)
-        if unblock is not None:
-            unblock()

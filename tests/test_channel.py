@@ -12,14 +12,11 @@ import time
 import pytest
 
 from helpers import wait_until
-from jupyter_traincontrol.channel import (
-    FIFO_NAME,
-    NotListeningError,
-    open_channel,
-    send_command,
-)
-from jupyter_traincontrol.commands import Command
-from jupyter_traincontrol.private_fs import UnsafePathError
+from jupyter_traincontrol.transport.channels import open_channel
+from jupyter_traincontrol.transport.fifo import FIFO_NAME
+from jupyter_traincontrol.transport.send import NotListeningError, deliver
+from jupyter_traincontrol.protocol import Command
+from jupyter_traincontrol.system.private_fs import UnsafePathError
 
 
 @pytest.fixture
@@ -61,14 +58,14 @@ def test_fifo_is_private(folder):
 
 def test_commands_arrive_in_order(channel):
     for word in ["save", "pause", "resume", "stop"]:
-        send_command(channel.address, word)
+        deliver(channel.address, word)
     assert drain(channel, 4) == [Command.SAVE, Command.PAUSE, Command.RESUME, Command.STOP]
 
 
 def test_pending_is_a_flag_and_get_wakes_at_once(channel):
     assert not channel.pending
     assert channel.pop() is None
-    threading.Timer(0.1, send_command, (channel.address, "stop")).start()
+    threading.Timer(0.1, deliver, (channel.address, "stop")).start()
     started = time.monotonic()
     assert channel.get(5).command is Command.STOP
     assert time.monotonic() - started < 2
@@ -92,7 +89,7 @@ def test_garbage_is_reported_and_later_commands_still_work(channel):
         os.close(fd)
     else:
         (channel.folder / "inbox" / "1.cmd").write_bytes(b"hello\n\xff\n")
-        send_command(channel.address, "save")
+        deliver(channel.address, "save")
     assert drain(channel, 1) == [Command.SAVE]
     wait_until(lambda: len(channel.rejected) >= 2, message="rejections reported")
     assert any("hello" in r.text for r in channel.rejected)
@@ -108,7 +105,7 @@ def test_fifty_concurrent_writers_lose_nothing_and_duplicate_nothing(channel):
     def write_many(index):
         barrier.wait()
         for i in range(per_writer):
-            send_command(channel.address, words[(index + i) % 3])
+            deliver(channel.address, words[(index + i) % 3])
 
     threads = [threading.Thread(target=write_many, args=(i,)) for i in range(writers)]
     for thread in threads:
@@ -130,7 +127,7 @@ def test_writer_processes_killed_mid_line_do_not_break_the_channel(channel):
     finally:
         child.kill()
         child.communicate()
-    send_command(channel.address, "save")
+    deliver(channel.address, "save")
     assert drain(channel, 1) == [Command.SAVE]
 
 
@@ -138,17 +135,17 @@ def test_send_without_reader_fails_at_once_and_never_hangs(folder):
     os.mkfifo(folder / "orphan", 0o600)
     started = time.monotonic()
     with pytest.raises(NotListeningError, match="not listening"):
-        send_command(folder / "orphan", "stop")
+        deliver(folder / "orphan", "stop")
     assert time.monotonic() - started < 1
     with pytest.raises(NotListeningError):
-        send_command(folder / "missing", "stop")
+        deliver(folder / "missing", "stop")
 
 
 def test_send_refuses_a_symlink(channel, tmp_path):
     link = tmp_path / "link"
     link.symlink_to(channel.address)
     with pytest.raises(UnsafePathError, match="symlink"):
-        send_command(link, "stop")
+        deliver(link, "stop")
     assert not channel.pending
 
 
@@ -158,7 +155,7 @@ def test_send_refuses_a_fifo_others_can_write(folder):
     reader = os.open(folder / "public", os.O_RDONLY | os.O_NONBLOCK)
     try:
         with pytest.raises(UnsafePathError, match="lets others in"):
-            send_command(folder / "public", "stop")
+            deliver(folder / "public", "stop")
     finally:
         os.close(reader)
 
@@ -176,7 +173,7 @@ def test_fifo_deleted_under_a_live_channel_is_recreated(channel):
         os.unlink(channel.address)
     wait_until(lambda: channel.notices, message="a notice about the deleted channel")
     assert "re-created" in channel.notices[0]
-    send_command(channel.address, "stop")
+    deliver(channel.address, "stop")
     assert drain(channel, 1) == [Command.STOP]
 
 
@@ -188,7 +185,7 @@ def test_fifo_replaced_by_a_file_is_recreated(channel):
         handle.write("stop\n")
     wait_until(lambda: channel.notices, message="a notice about the replaced FIFO")
     assert stat.S_ISFIFO(os.lstat(channel.address).st_mode)
-    send_command(channel.address, "save")
+    deliver(channel.address, "save")
     assert drain(channel, 1) == [Command.SAVE]
 
 
@@ -200,7 +197,7 @@ def test_close_removes_the_channel_and_stops_the_thread(folder):
     assert not os.path.exists(address)
     assert not [t for t in threading.enumerate() if t.name == "traincontrol-reader-closing"]
     with pytest.raises(NotListeningError):
-        send_command(address, "stop")
+        deliver(address, "stop")
 
 
 def test_unknown_channel_kind_is_a_clear_error(folder):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from helpers import PROGRAMS, child_env, run_python
-from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointError, CheckpointStore, TrainingPosition, restore_weights
+from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointError, CheckpointStore, TrainingPosition
+from jupyter_traincontrol.state import restore_weights
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ private where the tool chooses it, and watched while the run holds it."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import stat
@@ -11,10 +12,10 @@ import sys
 
 import pytest
 
+import driving
 from helpers import At, EventLog, TESTS_DIR, child_env, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.channel import send_command
-from jupyter_traincontrol.commands import Command
+from jupyter_traincontrol.transport.send import deliver
 from jupyter_traincontrol.checkpoint import (
     LOCK_FILE,
     CheckpointDirBusyError,
@@ -24,7 +25,6 @@ from jupyter_traincontrol.checkpoint import (
     TrainingPosition,
 )
 
-BATCH = 8
 
 
 class StepCounter:
@@ -42,10 +42,7 @@ class StepCounter:
         return _Counter()
 
 
-def fit(model, data, *callbacks, epochs=2):
-    x, y = data
-    return model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
-
+fit = functools.partial(driving.fit, epochs=2)
 
 @pytest.fixture
 def holder(tmp_path):
@@ -252,47 +249,24 @@ def test_a_folder_swapped_under_a_live_run_fails_the_next_save_and_training_goes
     trained_after = []
 
     def script():
-        send_command(callback.fifo, "save")
+        deliver(callback.fifo, "save")
         log.wait_count("checkpoint", None, 1)
         os.rename(ckdir, tmp_path / "moved")
         ckdir.mkdir()
-        send_command(callback.fifo, "save")
+        deliver(callback.fifo, "save")
         log.wait_count("error", None, 1)
-        started = callback.lifecycle.step + 8 * callback.lifecycle.epoch
-        wait_until(lambda: callback.lifecycle.step + 8 * callback.lifecycle.epoch > started + 5, message="training to go on")
+        started = callback.lifecycle.progress.step + 8 * callback.lifecycle.progress.epoch
+        wait_until(lambda: callback.lifecycle.progress.step + 8 * callback.lifecycle.progress.epoch > started + 5, message="training to go on")
         trained_after.append(callback.state)
-        send_command(callback.fifo, "stop")
+        deliver(callback.fifo, "stop")
 
-    failures = []
-
-    def guarded():
-        try:
-            script()
-        except BaseException as error:  # re-raised below; the fit must end either way
-            failures.append(error)
-            callback.lifecycle.channel.inject(Command.ABORT)
-
-    x, y = tiny_data
-    threads = []
-    start = At(0, 0, lambda cb: threads.append(_start_thread(guarded)))
-    make_model().fit(x, y, batch_size=BATCH, epochs=100_000, verbose=0, callbacks=[callback, start])
-    threads[0].join(10)
-    if failures:
-        raise failures[0]
+    driving.drive_fit(make_model(), tiny_data, callback, lambda _callback: script())
     assert trained_after == ["running"] and callback.state == "stopped"
     errors = log.messages("error")
     assert len(errors) == 2  # the save and the stop's checkpoint
     assert all(f"Checkpoint folder {ckdir} was replaced while run 'swapped' held it" in e for e in errors)
     assert os.listdir(ckdir) == []  # nothing written into the impostor
     assert len([n for n in os.listdir(tmp_path / "moved") if n.endswith(".keras")]) == 1
-
-
-def _start_thread(target):
-    import threading
-
-    thread = threading.Thread(target=target, name="test-swap", daemon=True)
-    thread.start()
-    return thread
 
 
 def test_a_folder_removed_under_a_held_store_fails_the_save_clearly(tmp_path, make_model):

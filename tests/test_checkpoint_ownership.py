@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from helpers import TESTS_DIR, child_env
+from jupyter_traincontrol.state import KerasState
 from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointStore, TrainingPosition
 from programs.foreign_files import OTHER_RUN, fingerprint, plant
 
@@ -46,7 +47,7 @@ def test_user_files_survive_saves_prunes_cleanup_and_resume(folder_with_user_fil
     os.truncate(saved[-1].path, 10)
     newer = store.save(model, _step(6), reason="save")
     assert not saved[-1].sidecar.exists() and not saved[-1].path.exists()
-    restored = CheckpointStore(ckdir, run="mine").restore_latest(make_model(seed=3))
+    restored = CheckpointStore(ckdir, run="mine").restore_latest(KerasState(make_model(seed=3)).restore)
     assert restored.checkpoint == newer and restored.skipped == []
     assert fingerprint(ckdir, names) == before
     assert sorted(os.listdir(ckdir)) == sorted([*names, newer.path.name, newer.sidecar.name, LOCK_FILE])
@@ -91,7 +92,7 @@ def test_a_sidecar_of_format_1_is_listed_resumed_and_pruned(tmp_path, model, mak
     (listed,) = store.list()
     assert listed.position == TrainingPosition(2, 3, 8, 19, False)
     fresh = make_model(seed=4)
-    assert store.restore_latest(fresh).checkpoint == listed
+    assert store.restore_latest(KerasState(fresh).restore).checkpoint == listed
     assert int(fresh.optimizer.iterations.numpy()) == 8
     new = store.save(model, _step(20), reason="save")
     assert new.sequence == 6  # after every number in the folder

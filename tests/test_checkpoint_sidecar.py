@@ -13,13 +13,15 @@ from hypothesis import strategies as st
 
 from helpers import read_sidecar as read_sidecar_json
 from jupyter_traincontrol import ControlCallback
+from jupyter_traincontrol.state import KerasState
 from jupyter_traincontrol.checkpoint import (
     CheckpointStore,
     MalformedSidecarError,
     TrainingPosition,
     parse_sidecar,
 )
-from jupyter_traincontrol.private_fs import json_safe, write_json_atomic
+from jupyter_traincontrol.protocol.values import json_safe
+from jupyter_traincontrol.system.private_fs import write_json_atomic
 
 NAME = "ckpt-000001-epoch0001-step000001.json"
 
@@ -200,7 +202,7 @@ def test_resume_skips_a_newer_corrupt_checkpoint_and_says_which_and_why(tmp_path
     truncated = store.save(trained, TrainingPosition(0, 3), reason="save")
     (tmp_path / truncated.sidecar.name).write_text('{"format": 2, "tool": "jupyter-tr')  # a torn sidecar
     seen = []
-    restored = store.restore_latest(make_model(seed=5), on_skip=seen.append)
+    restored = store.restore_latest(KerasState(make_model(seed=5)).restore, on_skip=seen.append)
     assert restored.checkpoint == good
     assert [s.path.name for s in restored.skipped] == [truncated.sidecar.name, corrupt.path.name]
     assert seen == restored.skipped
@@ -217,7 +219,7 @@ def test_with_nothing_loadable_the_model_is_left_as_it_was(tmp_path, trained, ma
     fresh = make_model(seed=6)
     fresh.optimizer.build(fresh.trainable_variables)
     before = _weights(fresh)
-    restored = store.restore_latest(fresh)
+    restored = store.restore_latest(KerasState(fresh).restore)
     assert restored.checkpoint is None and [s.path for s in restored.skipped] == [only.path]
     for a, b in zip(before, _weights(fresh)):
         np.testing.assert_array_equal(a, b)

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from helpers import TrainingProcess, child_env, cli, read_sidecar, wait_until
-from jupyter_traincontrol.cli import main
-from jupyter_traincontrol.commands import COMMAND_HELP, Command
-from jupyter_traincontrol.lifecycle import RunLifecycle
+from jupyter_traincontrol.control.cli import main
+from jupyter_traincontrol.protocol import COMMAND_HELP, Command
+from jupyter_traincontrol.run import RunLifecycle
 from jupyter_traincontrol.registry import find_run, list_runs
 
 
@@ -33,7 +33,8 @@ def test_list_prints_a_readable_table(live_run, capsys):
 
 
 def test_list_shows_the_learning_rate(live_run, capsys):
-    live_run.tunables = {"learning_rate": 0.00012345, "beta_1": 0.9}
+    live_run.source.tunables = {"learning_rate": 0.00012345, "beta_1": 0.9}
+    live_run.source.version += 1
     live_run.publish(force=True)
     _, out, _ = run_main(capsys, "list")
     assert out.strip().splitlines()[1].split()[5] == "0.000123"
@@ -122,7 +123,7 @@ def test_jupyter_traincontrol_subcommand_works():
 
 
 def test_the_cli_does_not_import_keras_or_tensorflow():
-    code = "import sys, jupyter_traincontrol.cli; sys.exit(bool({'keras', 'tensorflow'} & set(sys.modules)))"
+    code = "import sys, jupyter_traincontrol.control.cli; sys.exit(bool({'keras', 'tensorflow'} & set(sys.modules)))"
     assert subprocess.run([sys.executable, "-c", code], env=child_env()).returncode == 0
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_traincontrol.commands import (
+from jupyter_traincontrol.protocol import (
     ACTIVE_STATES,
     COMMAND_HELP,
     COMMAND_NAMES,

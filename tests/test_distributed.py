@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TESTS_DIR, child_env, cli, wait_until
+from helpers import TESTS_DIR, child_env, cli, free_port, wait_until
 
 pytest.importorskip("jax")
 pytestmark = [
@@ -32,12 +31,6 @@ pytestmark = [
 ]
 
 WORKER = str(TESTS_DIR / "programs" / "job_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child_signals() -> None:
@@ -53,7 +46,7 @@ class JobProcesses:
         self.n, self.name = n, name
         self.log = tmp_path / f"{name}-{n}-{time.monotonic_ns()}.log"
         self.ckpt = tmp_path / "ck"
-        port = str(_free_port())
+        port = str(free_port())
         self.processes = [
             subprocess.Popen(
                 [sys.executable, WORKER, str(i), str(n), port, name, str(self.ckpt), str(self.log), *args],

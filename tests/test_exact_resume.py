@@ -103,7 +103,7 @@ def test_an_unseeded_tf_data_shuffle_is_named_as_what_differs():
     tf = pytest.importorskip("tensorflow")
     from keras.src.trainers.epoch_iterator import EpochIterator
 
-    from jupyter_traincontrol.data_order import DataOrder
+    from jupyter_traincontrol.fit.resume.data_order import DataOrder
 
     def limits(dataset):
         return DataOrder(EpochIterator(x=dataset.batch(2))).limitations()

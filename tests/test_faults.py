@@ -34,51 +34,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from driving import BATCH, drive_fit
 from helpers import PROGRAMS, REPO, At, EventLog, child_env, run_program, wait_drained, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.channel import NotListeningError, send_command
+from jupyter_traincontrol.transport.send import NotListeningError, deliver
 from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointStore, TrainingPosition
-from jupyter_traincontrol.commands import Command, LineDecoder
-from jupyter_traincontrol.private_fs import UnsafePathError
-from jupyter_traincontrol.commands import ACTIVE_STATES
+from jupyter_traincontrol.protocol import LineDecoder
+from jupyter_traincontrol.system.private_fs import UnsafePathError
+from jupyter_traincontrol.protocol import ACTIVE_STATES
 from jupyter_traincontrol.registry import RunFolder, list_runs
 
-BATCH = 8  # tiny_data has 64 samples: 8 batches an epoch
 
 
 # Driving a live fit ------------------------------------------------------------
-
-
-def drive_fit(model, data, control, script, *, epochs=100_000):
-    """Runs `fit` while `script(control)` drives it from another thread.
-
-    The script starts at the first batch (the FIFO exists by then) and must
-    end the fit (``stop`` or ``abort``). If it fails, the fit is aborted and
-    its error re-raised here.
-
-    Returns:
-        The `History` of the fit.
-    """
-    errors = []
-
-    def guarded():
-        try:
-            script(control)
-        except BaseException as error:  # re-raised on the test's thread
-            errors.append(error)
-            if control.lifecycle.channel is not None:
-                control.lifecycle.channel.inject(Command.ABORT)
-
-    def start(_callback):
-        threading.Thread(target=guarded, name="test-driver", daemon=True).start()
-
-    x, y = data
-    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
-                        callbacks=[control, At(0, 0, start)])
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "test-driver"], message="the driver to end")
-    if errors:
-        raise errors[0]
-    return history
 
 
 def controlled(name, tmp_path, log: EventLog | None = None, **kwargs) -> ControlCallback:
@@ -131,9 +99,9 @@ def test_fifty_writer_processes_each_command_applied_exactly_once(make_model, ti
             child.stdin.close()
             assert child.wait(60) == 0, "a writer failed to deliver"
         wait_until(lambda: sum(traces().values()) >= writers * per_writer, timeout=60, message="all commands applied")
-        send_command(control.fifo, "resume")  # in case the last word left it paused
+        deliver(control.fifo, "resume")  # in case the last word left it paused
         log.wait_count("command", "resume received", sent["resume"] + 1)
-        send_command(control.fifo, "stop")
+        deliver(control.fifo, "stop")
 
     control = controlled("crowd", tmp_path, log)
     drive_fit(make_model(), tiny_data, control, script)
@@ -174,15 +142,15 @@ def test_garbage_in_a_live_fit_is_rejected_and_every_valid_command_acts_once(mak
     def script(control):
         fifo = control.fifo
         write_raw(fifo, garbage)
-        send_command(fifo, "save")
+        deliver(fifo, "save")
         log.wait_count("checkpoint", None, 1)
         write_raw(fifo, b"\xff\xfe stop \xc3\x28\n")  # invalid UTF-8 around a command word: not a command
         write_raw(fifo, one_mib_line)
-        send_command(fifo, "resume")
+        deliver(fifo, "resume")
         log.wait_count("command", "resume received", 1)
         write_raw(fifo, b"pa", b"use\n", pause=True)  # one command split over two writes
         log.wait_count("state", "paused", 1)
-        send_command(fifo, "resume")
+        deliver(fifo, "resume")
         log.wait_count("state", "running", 2)
         # A writer killed in the middle of a line, then a healthy one.
         child = subprocess.Popen([sys.executable, "-c", "import os, sys, time; fd = os.open(sys.argv[1], os.O_WRONLY); "
@@ -193,9 +161,9 @@ def test_garbage_in_a_live_fit_is_rejected_and_every_valid_command_acts_once(mak
         child.wait()
         child.stdout.close()
         wait_drained(fifo)
-        send_command(fifo, "save")
+        deliver(fifo, "save")
         log.wait_count("checkpoint", None, 2)
-        send_command(fifo, "stop")
+        deliver(fifo, "stop")
 
     control = controlled("garbage", tmp_path, log)
     drive_fit(make_model(), tiny_data, control, script)
@@ -222,24 +190,24 @@ def test_fifo_deleted_or_replaced_under_a_live_fit_is_recreated(make_model, tiny
         fifo = control.fifo
         os.unlink(fifo)
         with pytest.raises(NotListeningError):
-            send_command(fifo, "save")  # meanwhile: fails at once, never hangs
+            deliver(fifo, "save")  # meanwhile: fails at once, never hangs
         log.wait_count("warning", None, 1)
-        send_command(fifo, "save")
+        deliver(fifo, "save")
         log.wait_count("checkpoint", None, 1)
 
         os.unlink(fifo)
         Path(fifo).write_text("stop\n")  # a regular file in its place: never read
         log.wait_count("warning", None, 2)
-        send_command(fifo, "save")
+        deliver(fifo, "save")
         log.wait_count("checkpoint", None, 2)
 
         os.unlink(fifo)
         os.symlink(decoy, fifo)  # a symlink to someone's FIFO: removed, never followed
         log.wait_count("warning", None, 3)
         assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
-        send_command(fifo, "save")
+        deliver(fifo, "save")
         log.wait_count("checkpoint", None, 3)
-        send_command(fifo, "stop")
+        deliver(fifo, "stop")
 
     control = controlled("replaced", tmp_path, log)
     try:
@@ -411,7 +379,7 @@ class FileOps:
     call the real functions), and the `model.save` calls of a wrapped model."""
 
     def __init__(self, monkeypatch):
-        import jupyter_traincontrol.checkpoint.store as checkpoint_module
+        import jupyter_traincontrol.checkpoint.commit as checkpoint_module
 
         self.log: list[tuple[str, str]] = []
         for name in ("_fsync_file", "_fsync_dir"):
@@ -504,7 +472,7 @@ def test_a_failing_flush_says_the_checkpoint_was_written_and_deletes_nothing(tmp
     the fsync is made to fail) keeps every checkpoint and says what happened."""
     import errno as errno_module
 
-    import jupyter_traincontrol.checkpoint.store as checkpoint_module
+    import jupyter_traincontrol.checkpoint.commit as checkpoint_module
     from jupyter_traincontrol.checkpoint import CheckpointError
 
     store = CheckpointStore(tmp_path / "ck", keep=1)
@@ -561,16 +529,16 @@ def test_a_full_disk_fails_the_save_clearly_and_training_goes_on_then_stops(make
     steps_after_failure = []
 
     def script(callback):
-        send_command(callback.fifo, "save")
+        deliver(callback.fifo, "save")
         log.wait_count("checkpoint", None, 1)
         _fill(small_disk)
-        send_command(callback.fifo, "save")
+        deliver(callback.fifo, "save")
         log.wait_count("error", None, 1)
-        started = callback.lifecycle.step + 8 * callback.lifecycle.epoch
-        wait_until(lambda: callback.lifecycle.step + 8 * callback.lifecycle.epoch > started + 10, message="training to go on")
+        started = callback.lifecycle.progress.step + 8 * callback.lifecycle.progress.epoch
+        wait_until(lambda: callback.lifecycle.progress.step + 8 * callback.lifecycle.progress.epoch > started + 10, message="training to go on")
         steps_after_failure.append(True)
         assert callback.state == "running"
-        send_command(callback.fifo, "stop")
+        deliver(callback.fifo, "stop")
 
     history = drive_fit(make_model(), tiny_data, control, script)
     assert steps_after_failure and len(history.epoch) >= 1
@@ -618,7 +586,7 @@ def test_run_folder_fifo_and_record_are_private(make_model, tiny_data, tmp_path,
             "fifo": stat.S_IMODE(os.lstat(control.fifo).st_mode),
             "record": stat.S_IMODE(os.lstat(folder / "run.json").st_mode),
         }
-        send_command(control.fifo, "stop")
+        deliver(control.fifo, "stop")
 
     old_umask = os.umask(0o000)  # a careless umask must not open anything up
     try:
@@ -668,7 +636,7 @@ def test_a_registry_or_fifo_owned_by_another_user_is_refused(runtime_dir, tmp_pa
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
         with pytest.raises(UnsafePathError, match="owned by uid 12345"):
-            send_command(fifo, "stop")
+            deliver(fifo, "stop")
         assert os.read(reader, 100) == b""
     finally:
         os.close(reader)
@@ -795,10 +763,10 @@ def test_twenty_runs_in_one_process_leave_nothing_behind(make_model, tiny_data, 
 
         def act(cb, word=word, callback=callback):
             if word:
-                send_command(callback.fifo, word)
+                deliver(callback.fifo, word)
                 wait_until(lambda: callback.lifecycle.channel.pending, message=f"{word} queued")
             if word == "pause":
-                threading.Timer(0.05, send_command, (callback.fifo, "resume")).start()
+                threading.Timer(0.05, deliver, (callback.fifo, "resume")).start()
 
         model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[callback, At(0, 3, act)])
         names.append(callback.name)

@@ -32,17 +32,19 @@ from hypothesis import strategies as st
 
 from helpers import At, cli, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.channel import FIFO_NAME, NotListeningError, send_command
-from jupyter_traincontrol.client import send, wait_for_ack
-from jupyter_traincontrol.lifecycle import RunLifecycle
-from jupyter_traincontrol.private_fs import UnsafePathError
+from jupyter_traincontrol.transport.fifo import FIFO_NAME
+from jupyter_traincontrol.transport.send import NotListeningError, deliver
+from jupyter_traincontrol.control.client import send, wait_for_ack
+from jupyter_traincontrol.boundary.progress import TrainingProgress
+from jupyter_traincontrol.run import RunLifecycle
+from jupyter_traincontrol.system.private_fs import UnsafePathError
 from jupyter_traincontrol.registry import (
     RECORD_NAME,
     RunFolder,
     list_runs,
     registry_root,
 )
-from jupyter_traincontrol.run_record import validate_record
+from jupyter_traincontrol.protocol.record import validate_record
 
 BATCH = 8
 
@@ -144,8 +146,10 @@ def _strict_json(text: str):
 def test_nan_and_infinity_are_null_on_disk_and_nan_on_screen(tmp_path):
     run = RunLifecycle("diverging", tmp_path / "ck").open()
     try:
-        run.metrics = {"loss": float("nan"), "mae": float("inf"), "val_loss": 1.5}
-        run.record_epoch(0, {"loss": float("-inf")})
+        progress = TrainingProgress()
+        progress.metrics = {"loss": float("nan"), "mae": float("inf"), "val_loss": 1.5}
+        run.follow(progress)
+        run.history.record_epoch(0, {"loss": float("-inf")})
         run.publish(force=True)
         on_disk = _strict_json((run._folder.path / RECORD_NAME).read_text())
         assert on_disk["metrics"] == {"loss": None, "mae": None, "val_loss": 1.5}
@@ -252,7 +256,7 @@ def test_a_thousand_saves_are_a_few_checkpoints_and_every_sender_is_answered(mak
 
     def burst():
         threads = [
-            threading.Thread(target=lambda part=ids[i::8]: [send_command(control.fifo, f"save #{i}") for i in part])
+            threading.Thread(target=lambda part=ids[i::8]: [deliver(control.fifo, f"save #{i}") for i in part])
             for i in range(8)
         ]
         for thread in threads:
@@ -261,14 +265,14 @@ def test_a_thousand_saves_are_a_few_checkpoints_and_every_sender_is_answered(mak
             thread.join()
 
         def answered():
-            acked = {i for ack in control.lifecycle.acks for i in ack["ids"]}
+            acked = {i for ack in control.lifecycle.journal.acks for i in ack["ids"]}
             return acked >= set(ids)
 
         try:
             wait_until(answered, timeout=60, message="every save acknowledged")
         except AssertionError as error:
             failures.append(error)
-        send_command(control.fifo, "stop")
+        deliver(control.fifo, "stop")
 
     def start_burst(cb):  # from another thread: the training thread must go on meanwhile
         threading.Thread(target=burst, name="test-burst").start()
@@ -278,7 +282,7 @@ def test_a_thousand_saves_are_a_few_checkpoints_and_every_sender_is_answered(mak
     assert not failures and control.state == "stopped"
     saves = [c for c in control.lifecycle.checkpoints() if c.info["reason"] == "save"]
     assert 1 <= len(saves) <= 20, len(saves)  # a handful, not a thousand
-    acks = [ack for ack in control.lifecycle.acks if ack["command"] == "save"]
+    acks = [ack for ack in control.lifecycle.journal.acks if ack["command"] == "save"]
     assert sum(len(ack["ids"]) for ack in acks) == 1000 and all(ack["outcome"] == "applied" for ack in acks)
 
 
@@ -337,7 +341,7 @@ def test_a_run_folder_swapped_under_a_live_run_cannot_redirect_its_writes(live_r
     decoy.mkdir(mode=0o700)
     os.rename(folder, moved)
     os.symlink(decoy, folder)  # an attacker's symlink where the folder was
-    live_run.metrics = {"loss": 0.1}
+    live_run.source.metrics = {"loss": 0.1}
     live_run.touch()
     assert live_run.publish(force=True)
     assert list(decoy.iterdir()) == []  # nothing written through the planted path

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from jupyter_traincontrol.job_liveness import Peers, this_process
-from jupyter_traincontrol.job_signals import SigtermRelay
+from jupyter_traincontrol.job.liveness import Peers, this_process
+from jupyter_traincontrol.job.signals import SigtermRelay
 
 
 def _beat(n: int, state: str = "running", **fields) -> dict:
@@ -98,8 +98,8 @@ def test_sigterm_relay_leaves_an_ignored_sigterm_alone():
 def test_the_record_names_the_lost_process_and_list_shows_it():
     import json
 
-    from jupyter_traincontrol.cli import format_table
-    from jupyter_traincontrol.run_record import validate_record
+    from jupyter_traincontrol.control.cli import format_table
+    from jupyter_traincontrol.protocol.record import validate_record
 
     record = {"name": "job", "run_id": "r", "pid": 1, "state": "failed", "process": 0, "num_processes": 2,
               "lost_process": 1, "processes": [{"process": 0, "state": "failed"}, {"process": 1, "state": "lost"}]}

@@ -24,7 +24,7 @@ import os
 import pytest
 
 from helpers import cli, read_sidecar, run_python
-from kernel_harness import FIT_CELL, RUN, kernel_session, run_terminal_session
+from kernel_harness import FIT_CELL, RUN, run_terminal_session, start_fit
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -33,17 +33,9 @@ pytestmark = [
 
 BACKEND = os.environ["KERAS_BACKEND"]
 @pytest.fixture
-def kernel(tmp_path, runtime_dir):
-    with kernel_session(tmp_path, runtime_dir) as k:
-        assert k.value("keras.backend.backend()") == BACKEND  # the kernel inherited KERAS_BACKEND
-        yield k
-
-
-def start_fit(kernel, name, epochs=200, sleep=0.01, options=""):
-    result = kernel.execute(FIT_CELL.format(name=name, options=options, epochs=epochs, sleep=sleep))
-    assert result.status == "ok", result.error
-    kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.lifecycle.step > 0", timeout=60)
-    return result
+def kernel(kernel):
+    assert kernel.value("keras.backend.backend()") == BACKEND  # the kernel inherited KERAS_BACKEND
+    return kernel
 
 
 def saved_step_and_weights(checkpoint: str) -> tuple[int, list]:
@@ -95,7 +87,7 @@ def test_save_through_the_fifo_and_stop_through_the_cli_while_training(kernel, t
 
 def test_an_interrupt_checkpoints_and_stops_and_the_next_cell_resumes(kernel):
     start_fit(kernel, "part", epochs=6, sleep=0.02)
-    kernel.wait_for(f"{RUN}.lifecycle.epoch >= 2", timeout=60)
+    kernel.wait_for(f"{RUN}.lifecycle.progress.epoch >= 2", timeout=60)
     kernel.interrupt()
     kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
     assert kernel.value("type(history).__name__") == "History"

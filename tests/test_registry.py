@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_traincontrol.private_fs import UnsafePathError
+from jupyter_traincontrol.system.private_fs import UnsafePathError
 from jupyter_traincontrol.registry import (
     NameTakenError,
     RunFolder,
@@ -129,7 +129,7 @@ def test_an_open_registry_folder_of_ours_is_tightened(runtime_dir):
 
 
 def test_reports_of_bad_records_are_made_once_and_remembered_within_a_bound(caplog, monkeypatch):
-    from jupyter_traincontrol import registry
+    from jupyter_traincontrol.registry import listing as registry
 
     monkeypatch.setattr(registry, "_reported", registry.OrderedDict())
     for number in range(registry._REPORTED_LIMIT + 50):  # a server that lives for weeks

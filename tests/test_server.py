@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from jupyter_server.serverapp import ServerApp
 
 from helpers import child_env, read_sidecar
-from jupyter_traincontrol.cli import main as cli_main
-from jupyter_traincontrol.commands import Command
-from jupyter_traincontrol.lifecycle import RunLifecycle
+from jupyter_traincontrol.control.cli import main as cli_main
+from jupyter_traincontrol.protocol import Command
+from jupyter_traincontrol.run import RunLifecycle
 from jupyter_traincontrol.registry import registry_root
-from jupyter_traincontrol.server.handlers import BadBodyError, command_from_body
+from jupyter_traincontrol.control.server.handlers import BadBodyError, command_from_body
 
 API = ("traincontrol", "api")
 _json_bodies = st.recursive(
@@ -124,7 +124,8 @@ async def test_post_delivers_the_command_through_the_fifo(api, live_run):
 
 
 async def test_post_delivers_set_and_rollback_lines_and_the_record_has_tunables(api, live_run):
-    live_run.tunables = {"learning_rate": 0.01}
+    live_run.source.tunables = {"learning_rate": 0.01}
+    live_run.source.version += 1
     live_run.publish(force=True)
     code, reply = await post_command(api, "alpha", {"command": "set lr=1e-4"})
     assert (code, reply["command"]) == (202, "set learning_rate=0.0001")
@@ -210,7 +211,7 @@ async def test_a_cookie_authenticated_post_needs_the_xsrf_token(api, live_run):
 
 
 async def test_registry_reads_and_fifo_writes_run_off_the_event_loop(api, live_run, monkeypatch):
-    from jupyter_traincontrol.server import handlers
+    from jupyter_traincontrol.control.server import handlers
 
     threads = []
 

@@ -8,17 +8,12 @@ import keras
 import numpy as np
 import pytest
 
+from driving import fit
 from helpers import At, read_sidecar
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.commands import UnknownCommandError, parse_request
+from jupyter_traincontrol.protocol import UnknownCommandError, parse_request
 from jupyter_traincontrol.registry import find_run
 
-BATCH = 8  # 64 samples: 8 batches an epoch
-
-
-def fit(model, data, *callbacks, epochs=3, **kwargs):
-    x, y = data
-    return model.fit(x, y, batch_size=BATCH, epochs=epochs, callbacks=list(callbacks), verbose=0, shuffle=False, **kwargs)
 
 
 def inject(control, line, epoch, batch):
@@ -53,11 +48,6 @@ def all_weights_finite(path) -> bool:
     model.optimizer.build(model.trainable_variables)
     model.load_weights(path)
     return all(np.isfinite(keras.ops.convert_to_numpy(v)).all() for v in model.weights + model.optimizer.variables)
-
-
-@pytest.fixture
-def ckpt(tmp_path):
-    return tmp_path / "ck"
 
 
 # set -------------------------------------------------------------------------
@@ -343,8 +333,7 @@ def test_the_sidecar_keeps_steered_values_and_refuses_bad_ones(make_model, tmp_p
     from jupyter_traincontrol.checkpoint import CheckpointStore, MalformedSidecarError, TrainingPosition, parse_sidecar, read_sidecar as checked
 
     store = CheckpointStore(tmp_path, run="r")
-    store.tunables = {"learning_rate": 0.001}
-    checkpoint = store.save(make_model(), TrainingPosition(0, 1), reason="save")
+    checkpoint = store.save(make_model(), TrainingPosition(0, 1), reason="save", tunables={"learning_rate": 0.001})
     assert checked(tmp_path, checkpoint.sidecar.name)["tunables"] == {"learning_rate": 0.001}
     info = json.loads(checkpoint.sidecar.read_text())
     for bad in ({"learning_rate": "fast"}, {"learning_rate": None}, {"lr": True}, [1.0]):

@@ -1,16 +1,19 @@
-"""Checkpoints: crash-safe saves, strict sidecars, the folder lock, restoring.
+"""Checkpoints that are never half-written: the crash-safe file protocol, without Keras.
 
 - `records`: what a checkpoint is in memory (`Checkpoint`, `TrainingPosition`)
   and the store's errors.
-- `sidecar`: the sidecar's format and its strict reader of outside data.
+- `sidecar`: the sidecar's format: its writer and its strict reader.
 - `folder`: holding the folder (its OS lock, the intent record, recovery).
-- `store`: `CheckpointStore`, which writes, lists, prunes and restores the
-  checkpoints of one run in one folder, holding that folder while it lives.
-- `snapshot`: `ModelSnapshot`, a host copy of what ``model.save`` writes,
-  written as a ``.keras`` file later, on any thread.
+- `scan`: which files of a folder are whose complete checkpoints.
+- `commit`: staging, renames with the sidecar last, flushing and pruning.
+- `store`: `CheckpointStore`, the checkpoints of one run in one folder.
 - `writer`: `CheckpointWriter`, one background write at a time.
+
+What a checkpoint holds (a Keras model, a host copy of one) is written
+through its ``save(path)``; `jupyter_traincontrol.state` has those.
 """
 
+from .folder import LOCK_FILE
 from .records import (
     Checkpoint,
     CheckpointDirBusyError,
@@ -22,9 +25,8 @@ from .records import (
     SkippedCheckpoint,
     TrainingPosition,
 )
-from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, parse_sidecar, read_sidecar
-from .snapshot import ModelSnapshot, SnapshotBuffers, sync_model_state
-from .store import LOCK_FILE, CheckpointStore, assign_variables, copy_variables, restore_weights
+from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, build_sidecar, parse_sidecar, read_sidecar
+from .store import CheckpointStore
 from .writer import CheckpointWriter, WriterBusyError
 
 __all__ = [
@@ -38,18 +40,13 @@ __all__ = [
     "DEFAULT_RUN",
     "LOCK_FILE",
     "MalformedSidecarError",
-    "ModelSnapshot",
     "Restored",
     "SIDECAR_FORMAT",
     "SkippedCheckpoint",
-    "SnapshotBuffers",
     "TOOL",
     "TrainingPosition",
-    "assign_variables",
-    "copy_variables",
+    "WriterBusyError",
+    "build_sidecar",
     "parse_sidecar",
     "read_sidecar",
-    "restore_weights",
-    "sync_model_state",
-    "WriterBusyError",
 ]

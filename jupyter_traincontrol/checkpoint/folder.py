@@ -13,8 +13,8 @@ lock file, in one page written with one ``pwrite``; a later holder uses that
 record, and only that, to remove what a killed save left. The lock file is
 never removed.
 
-`CheckpointFolder` is the base of `CheckpointStore`, which adds what a
-checkpoint is (writing, listing, pruning, restoring).
+`CheckpointStore` holds one (`CheckpointStore.folder`) and adds what a
+checkpoint is; the commit protocol (`commit`) works through it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..private_fs import UnsafePathError, ensure_private_dir, make_private_dirs
+from ..system.private_fs import UnsafePathError, describe_kind, ensure_private_dir, make_private_dirs
 from .records import CheckpointDirBusyError, CheckpointDirChangedError, CheckpointDirError, MalformedSidecarError
 from .sidecar import DEFAULT_RUN, TOOL, check_run_name, read_sidecar
 
@@ -52,6 +52,8 @@ class CheckpointFolder:
         directory: The folder; created (mode 0700, and any missing parent
             too) when first taken.
         run: The run's name. Defaults to ``"run"``.
+        run_id: The run instance's id (32 hex digits; the run record's).
+            Defaults to a new one.
         private: True for a folder the tool chose: it and its parent are
             then created private or must be real, private folders of the
             current user. Defaults to False.
@@ -64,6 +66,7 @@ class CheckpointFolder:
         directory: str | os.PathLike,
         *,
         run: str | None = None,
+        run_id: str | None = None,
         private: bool = False,
         on_phase: Callable[[str], None] | None = None,
     ):
@@ -74,14 +77,24 @@ class CheckpointFolder:
                 raise ValueError(f"run is {error}.") from None
         self.directory = Path(directory).absolute()
         self.run = DEFAULT_RUN if run is None else run
-        self.run_id = uuid.uuid4().hex
+        self.run_id = run_id or uuid.uuid4().hex
         self.private = bool(private)
-        self._on_phase = on_phase
+        self.on_phase = on_phase
         self._dir_fd: int | None = None
         self._lock_fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._pending: dict[str, Any] | None = None
 
+
+    @property
+    def dir_fd(self) -> int | None:
+        """The folder's descriptor while held, else None."""
+        return self._dir_fd
+
+    @property
+    def pending(self) -> dict[str, Any] | None:
+        """The intent recorded in the lock file now (a save in progress), or None."""
+        return self._pending
 
     @property
     def held(self) -> bool:
@@ -118,7 +131,7 @@ class CheckpointFolder:
         self._pending = pending if isinstance(pending, dict) else None  # kept until recovered
         try:
             self._write_lock_record()
-            self._phase("locked")
+            self.phase("locked")
             self._recover()
         except OSError as error:
             self.release()
@@ -167,7 +180,7 @@ class CheckpointFolder:
             st = os.stat(path)
             if not stat.S_ISDIR(st.st_mode):
                 raise CheckpointDirError(
-                    f"Checkpoint folder {path} is {_kind(st)}; expected a folder (created if missing)."
+                    f"Checkpoint folder {path} is {describe_kind(st)}; expected a folder (created if missing)."
                 )
             if not os.access(path, os.W_OK | os.X_OK):
                 raise CheckpointDirError(f"Checkpoint folder {path} is not writable by this user; expected a folder it can write.")
@@ -213,11 +226,12 @@ class CheckpointFolder:
         holder = {"run": self.run, "run_id": self.run_id, "pid": os.getpid(), "since": time.time()}
         _write_record(self._lock_fd, {"tool": TOOL, "holder": holder, "pending": self._pending})
 
-    def _record_intent(self, pending: dict[str, Any] | None) -> None:
+    def record_intent(self, pending: dict[str, Any] | None) -> None:
+        """Records what a save is about to make (or None once done) in the lock file, in place."""
         self._pending = pending
         self._write_lock_record()
 
-    def _check_folder(self) -> None:
+    def check_unchanged(self) -> None:
         """Fails if the folder's path now leads elsewhere (or nowhere)."""
         try:
             now = _identity(os.stat(self.directory) if not self.private else os.lstat(self.directory))
@@ -238,11 +252,11 @@ class CheckpointFolder:
             return
         staging, model_file = pending.get("staging"), pending.get("file")
         if isinstance(model_file, str) and _is_plain_name(model_file) and not self._is_committed(model_file):
-            self._remove_if_same(model_file, pending.get("inode"), pending.get("size"))
+            self.remove_if_same(model_file, pending.get("inode"), pending.get("size"))
         if isinstance(staging, str) and _is_plain_name(staging) and staging.startswith(STAGING_PREFIX):
-            self._remove_staging(staging)
-        self._record_intent(None)
-        self._phase("recovered")
+            self.remove_staging(staging)
+        self.record_intent(None)
+        self.phase("recovered")
 
     def _is_committed(self, model_file: str) -> bool:
         try:
@@ -251,7 +265,7 @@ class CheckpointFolder:
             return False
         return info["file"] == model_file
 
-    def _remove_if_same(self, name: str, inode: Any, size: Any) -> None:
+    def remove_if_same(self, name: str, inode: Any, size: Any) -> None:
         """Removes file `name` if it is the one a killed save staged (same inode and size)."""
         try:
             st = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
@@ -260,7 +274,7 @@ class CheckpointFolder:
         if stat.S_ISREG(st.st_mode) and (st.st_ino, st.st_size) == (inode, size):
             os.unlink(name, dir_fd=self._dir_fd)
 
-    def _remove_staging(self, name: str) -> None:
+    def remove_staging(self, name: str) -> None:
         """Removes a staging folder of ours: its files, then itself."""
         try:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
@@ -281,9 +295,10 @@ class CheckpointFolder:
         except OSError as error:
             logger.warning("Left staging folder %s: %s", self.directory / name, error.strerror)
 
-    def _phase(self, name: str) -> None:
-        if self._on_phase is not None:
-            self._on_phase(name)
+    def phase(self, name: str) -> None:
+        """Tells `on_phase` (tests, tracing) that a phase has just completed."""
+        if self.on_phase is not None:
+            self.on_phase(name)
 
 
 # Helpers --------------------------------------------------------------------
@@ -293,22 +308,8 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _kind(st: os.stat_result) -> str:
-    kinds = [(stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"),
-             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]
-    return next((text for test, text in kinds if test(st.st_mode)), f"mode {stat.filemode(st.st_mode)}")
-
-
 def _is_plain_name(name: str) -> bool:
     return 0 < len(name) <= 255 and "/" not in name and "\0" not in name and name not in (".", "..")
-
-
-def _lexists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _write_record(fd: int, record: Mapping[str, Any]) -> None:

@@ -3,25 +3,28 @@
 A sidecar is a small JSON file beside each ``.keras`` file: where training
 stood, why the checkpoint was taken, and whose it is (the tool's marker, the
 format, the run's name and instance id, the model file's name and size). It
-is what makes a file in the folder a checkpoint of ours: `parse_sidecar`
-accepts a sidecar only if every field is what the store writes, and raises
-`MalformedSidecarError` (only that) for anything else.
+is what makes a file in the folder a checkpoint of ours. `build_sidecar`
+writes one; `parse_sidecar` accepts a sidecar only if every field is what
+`build_sidecar` writes, and raises `MalformedSidecarError` (only that) for
+anything else.
 """
 
 from __future__ import annotations
 
 
+import datetime
 import json
 import math
 import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from .records import DEFAULT_RUN, MalformedSidecarError
+from ..protocol.values import finite_metrics, json_safe
+from .records import DEFAULT_RUN, MalformedSidecarError, TrainingPosition
 
-__all__ = ["SIDECAR_FORMAT", "TOOL", "DEFAULT_RUN", "parse_sidecar", "read_sidecar", "check_run_name"]
+__all__ = ["SIDECAR_FORMAT", "TOOL", "DEFAULT_RUN", "build_sidecar", "parse_sidecar", "read_sidecar", "check_run_name"]
 
 SIDECAR_FORMAT = 2
 #: The tool's marker in every sidecar and lock record it writes.
@@ -30,6 +33,51 @@ _SIDECAR_MAX_BYTES = 64 * 1024
 _MAX_COUNT = 2**53  # epochs, steps, sequences: exact in any JSON reader
 _MAX_SIZE = 2**62
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+# The sidecar writer -----------------------------------------------------------
+
+
+def build_sidecar(*, run: str, run_id: str, sequence: int, file: str, position: TrainingPosition, reason: str,
+                  metrics: Mapping[str, Any] | None = None, tunables: Mapping[str, float] | None = None,
+                  resume_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The fields of a new sidecar (format 2), as `parse_sidecar` reads them.
+
+    Args:
+        run: The run's name.
+        run_id: The run instance's id (the run record's).
+        sequence: The checkpoint's number in its folder.
+        file: The model file's name (``size`` is set once it is written).
+        position: Where training stood.
+        reason: Why: ``save``, ``stop``, ``interrupt``, ...
+        metrics: The latest logs (non-finite values as null).
+        tunables: The values steered so far (``set``, the NaN policy), if any.
+        resume_state: What an exact resume needs besides the weights.
+    """
+    info = {
+        "tool": TOOL,
+        "format": SIDECAR_FORMAT,
+        "run": run,
+        "run_id": run_id,
+        "sequence": sequence,
+        "file": file,
+        "size": 0,  # set once the model is written
+        "epoch": position.epoch,
+        "step_in_epoch": position.step_in_epoch,
+        "steps_per_epoch": position.steps_per_epoch,
+        "epoch_complete": position.epoch_complete,
+        "global_step": position.global_step,
+        "resume_epoch": position.resume_epoch,
+        "resume_step": position.resume_step,
+        "metrics": finite_metrics(metrics or {}),
+        "reason": reason,
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if tunables:
+        info["tunables"] = dict(tunables)
+    if resume_state is not None:
+        info["resume_state"] = dict(resume_state)
+    return json_safe(info)
 
 
 # The sidecar reader -----------------------------------------------------------

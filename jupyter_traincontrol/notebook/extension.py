@@ -300,7 +300,8 @@ class TrainControlMagics(Magics):
 
     def _start_run(self, code: str, **options) -> TrainingRun:
         """Starts a `TrainingRun` of `code` with its panel (or text reporter)."""
-        from .panel import ControlPanel, TextReporter
+        from .panel import ControlPanel
+        from .text_reporter import TextReporter
 
         extra = {"kernel_id": self._kernel_id} if self._kernel_id else None
         run = TrainingRun(code, self.shell.user_ns, extra_record=extra, filename="<interruptible_fit cell>", **options)

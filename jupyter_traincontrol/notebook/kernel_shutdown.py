@@ -28,42 +28,29 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 from typing import Iterator
+
+from ..system.signals import ChainedHandler, on_main_thread
 
 __all__ = ["SigtermHold"]
 
 
-class SigtermHold:
+class SigtermHold(ChainedHandler):
     """Holds SIGTERM back while the kernel waits for runs to stop."""
 
+    signum = signal.SIGTERM
+    takes_ignored = True  # installed whatever the disposition; an ignored SIGTERM stays ignored
+
     def __init__(self):
-        self._previous = None
-        self._installed = False
+        super().__init__()
         self._holding = False
         self._held = False
 
-    @property
-    def installed(self) -> bool:
-        """True between `install` and `uninstall`."""
-        return self._installed
-
-    def install(self) -> None:
+    def install(self) -> bool:
         """Installs the handler. Main thread only."""
-        if self._installed:
-            return
-        if threading.current_thread() is not threading.main_thread():
+        if not on_main_thread():
             raise RuntimeError("SigtermHold.install must run on the main thread.")
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._installed = True
-
-    def uninstall(self) -> None:
-        """Puts the previous SIGTERM disposition back. Main thread only. Idempotent."""
-        if not self._installed:
-            return
-        self._installed = False
-        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+        return super().install()
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -74,16 +61,15 @@ class SigtermHold:
             yield
         finally:
             self._holding = False
-            if self._held and self._installed:
+            if self._held and self.installed:
                 os.kill(os.getpid(), signal.SIGTERM)  # handled as outside a hold: the kernel ends
 
-    def _on_sigterm(self, signum, frame) -> None:
+    def handle(self, signum, frame) -> None:
         if self._holding:
             self._held = True
             return
-        previous = self._previous
+        previous = self.previous
         if callable(previous):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:  # the default: end now, as without the extension
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            self.default_action(signum, frame)

@@ -8,8 +8,9 @@ rollback" for a few seconds). A daemon monitor thread, the only writer of the pa
 redraws at most `refresh_rate` times a second and only sends what changed, so
 the browser is never flooded however fast the batches are.
 
-Outside a notebook front end (a plain IPython terminal) `TextReporter`
-prints one line per state change and checkpoint instead.
+Outside a notebook front end (a plain IPython terminal) `text_reporter`
+prints one line per state change and checkpoint instead; the chart is
+`chart_svg`.
 """
 
 from __future__ import annotations
@@ -17,21 +18,18 @@ from __future__ import annotations
 import collections
 import datetime
 import html
-import math
 import queue
-import sys
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Callable
 
-from ..commands import COMMAND_HELP, FINAL_STATES, Command, UnknownCommandError, allowed_commands, parse_request
-from ..loss_curve import smooth, use_log_scale
+from ..protocol import COMMAND_HELP, FINAL_STATES, Command, UnknownCommandError, allowed_commands, parse_request
+from .chart_svg import loss_chart_svg
 
 if TYPE_CHECKING:  # the panel reads the run; the run never imports the panel
     from .run import TrainingRun
 
-__all__ = ["ControlPanel", "TextReporter", "loss_chart_svg"]
+__all__ = ["ControlPanel"]
 
 _BAR_STYLES = {
     "starting": "", "running": "", "paused": "info", "stopping": "warning",
@@ -50,112 +48,6 @@ def _clock(seconds: float | None) -> str:
 
 #: How long Rollback waits for its confirming click.
 ROLLBACK_CONFIRM_SECONDS = 8.0
-
-_LOSS_COLOR = "var(--jp-brand-color1, #1a73e8)"
-_VAL_COLOR = "var(--jp-warn-color1, #e37400)"
-_TEXT = "var(--jp-ui-font-color1, #333)"
-_MUTED = "var(--jp-ui-font-color2, #777)"
-_FRAME = "var(--jp-border-color1, #ccc)"
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.3g}"
-
-
-def loss_chart_svg(history: list[dict], loss_curve: list | None = None, width: int = 380, height: int = 150) -> str:
-    """An inline SVG chart of the loss per batch, smoothed, with the
-    per-epoch validation loss on top (no plotting library).
-
-    The loss is drawn per batch (faint) and smoothed with TensorBoard's
-    debiased moving average, so even a long first epoch shows its fall. The
-    legend sits above the plot, never on the lines. The y axis is
-    logarithmic only when all values are > 0 and span more than 10x
-    (`loss_curve.use_log_scale`, the side panel's policy too).
-
-    Args:
-        history: Per-epoch entries such as ``{"epoch": 1, "batch": 100,
-            "loss": 0.5, "val_loss": 0.6}`` (``batch``: batches done at the
-            epoch's end, counted across epochs).
-        loss_curve: ``[[batch, loss], ...]`` (loss None for a NaN). Without
-            it, the per-epoch losses are drawn.
-
-    Returns:
-        SVG markup, or a short note while there is nothing to draw.
-    """
-    by_batch = bool(loss_curve)
-    if by_batch:
-        loss = [(b, v) for b, v in loss_curve if v is not None]
-        val = [(h["batch"], h["val_loss"]) for h in history if isinstance(h.get("val_loss"), (int, float)) and h.get("batch")]
-    else:
-        loss = [(h["epoch"], h["loss"]) for h in history if isinstance(h.get("loss"), (int, float))]
-        val = [(h["epoch"], h["val_loss"]) for h in history if isinstance(h.get("val_loss"), (int, float))]
-    loss = [(x, v) for x, v in loss if math.isfinite(v)]
-    val = [(x, v) for x, v in val if math.isfinite(v)]
-    if not loss and not val:
-        return f'<div style="color:{_MUTED};font-size:12px">The loss chart appears after the first batch.</div>'
-    smoothed = [(x, v) for (x, _), v in zip(loss, smooth([v for _, v in loss])) if v is not None]
-    values = [v for _, v in loss] + [v for _, v in val]
-    log = use_log_scale(values)
-    scale = math.log10 if log else (lambda v: v)
-    low, high = min(values), max(values)
-    bottom, top_value = scale(low), scale(high)
-    if top_value - bottom < 1e-12:
-        bottom, top_value = bottom - 0.5, top_value + 0.5
-    xs = [x for x, _ in loss] + [x for x, _ in val]
-    first, last = (0 if by_batch else min(xs)), max(xs)
-    left, right, top, bottom_pad = 46, 8, 20, 20
-    plot_w, plot_h = width - left - right, height - top - bottom_pad
-
-    def x_of(x):
-        return left + (plot_w * (x - first) / (last - first) if last > first else plot_w / 2)
-
-    def y_of(value):
-        return top + plot_h * (top_value - scale(value)) / (top_value - bottom)
-
-    def line(points, color, extra=""):
-        coords = " ".join(f"{x_of(x):.1f},{y_of(v):.1f}" for x, v in points)
-        return f'<polyline points="{coords}" fill="none" style="stroke:{color}" {extra}/>'
-
-    unit = "batch" if by_batch else "epoch"
-    parts = [
-        # Scales down to a narrow output area (never up): the viewBox keeps its proportions.
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="traincontrol-chart" viewBox="0 0 {width} {height}" '
-        f'style="width:100%;max-width:{width}px;height:auto;font:11px sans-serif;fill:{_TEXT}">',
-        # The legend, above the plot.
-        f'<line x1="{left}" y1="8" x2="{left + 14}" y2="8" style="stroke:{_LOSS_COLOR}" stroke-width="2"/>',
-        f'<text x="{left + 18}" y="11">loss (smoothed)</text>',
-    ]
-    if val:
-        parts += [
-            f'<line x1="{left + 120}" y1="8" x2="{left + 134}" y2="8" style="stroke:{_VAL_COLOR}" stroke-width="2" stroke-dasharray="4 3"/>',
-            f'<text x="{left + 138}" y="11">val_loss</text>',
-        ]
-    if log:
-        parts.append(f'<text x="{width - right}" y="11" text-anchor="end" style="fill:{_MUTED}">log scale</text>')
-    parts += [
-        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" style="stroke:{_FRAME}"/>',
-        f'<text x="{left - 4}" y="{top + 9}" text-anchor="end">{_fmt(high)}</text>',
-        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end">{_fmt(low)}</text>',
-        f'<text x="{left}" y="{height - 5}">{unit} {first}</text>',
-        f'<text x="{left + plot_w}" y="{height - 5}" text-anchor="end">{last}</text>',
-    ]
-    if by_batch:  # epoch ends, faint
-        for h in history[-50:]:
-            if h.get("batch") and first < h["batch"] < last:
-                x = x_of(h["batch"])
-                parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" style="stroke:{_FRAME}" stroke-dasharray="2 3"/>')
-    if len(loss) > 1:
-        parts.append(line(loss, _LOSS_COLOR, 'stroke-width="1" opacity="0.3"'))
-        parts.append(line(smoothed, _LOSS_COLOR, 'stroke-width="2"'))
-    elif loss:
-        parts.append(f'<circle cx="{x_of(loss[0][0]):.1f}" cy="{y_of(loss[0][1]):.1f}" r="3" style="fill:{_LOSS_COLOR}"/>')
-    if len(val) > 1:
-        parts.append(line(val, _VAL_COLOR, 'stroke-width="2" stroke-dasharray="4 3"'))
-    for x, v in val[-1:] if len(val) > 1 else val:
-        parts.append(f'<circle cx="{x_of(x):.1f}" cy="{y_of(v):.1f}" r="3" style="fill:{_VAL_COLOR}"/>')
-    parts.append("</svg>")
-    return "".join(parts)
-
 
 class _Rate:
     """Batches per second over the last few seconds."""
@@ -266,7 +158,7 @@ class ControlPanel:
                 return
             command = "resume" if key == "pause" and button.description == "Resume" else key
             try:
-                self.run.send(command)
+                self.run.send(command, sender="panel")
                 note = f"{button.description}: sent '{command}'."
             except Exception as error:  # shown in the panel, never raised into the kernel
                 note = f"{button.description}: could not send '{command}': {error}"
@@ -293,8 +185,7 @@ class ControlPanel:
             return  # the monitor showing the run's value (it notes it first), or nothing changed
         text = change["new"].strip()
         try:
-            request = parse_request(f"set lr={text} #panel-{uuid.uuid4().hex[:8]}")  # the id says who sent it
-            self.run.send(request)
+            request = self.run.send(parse_request(f"set lr={text}"), sender="panel")  # the id says who sent it
             note = f"Learning rate: sent '{request}'."  # without its id
         except UnknownCommandError as error:
             note = f"Learning rate: {error}"
@@ -310,6 +201,7 @@ class ControlPanel:
     def refresh(self) -> None:
         """Redraws what changed. Called by the monitor thread only."""
         run, lifecycle = self.run, self.run.lifecycle
+        progress = lifecycle.progress
         state = run.state
         now = time.time()
         self.updates += 1
@@ -318,20 +210,20 @@ class ControlPanel:
             f'<span style="background:{_STATE_COLORS[state]};color:white;border-radius:8px;padding:1px 8px;font-size:12px">{state}</span>'
             f' <span style="color:#777;font-size:12px">checkpoints in {_path_html(lifecycle.store.directory if lifecycle.store else "-")}</span>'
         )
-        steps, epochs = lifecycle.steps or 0, lifecycle.epochs or 0
+        steps, epochs = progress.steps or 0, progress.epochs or 0
         self.progress.max = max(1, steps)
-        self.progress.value = min(lifecycle.step, self.progress.max)
-        self.epoch_label.value = _bar_label(f"Epoch {lifecycle.epoch or '-'}/{epochs or '?'} · batch {lifecycle.step}/{steps or '?'}")
+        self.progress.value = min(progress.step, self.progress.max)
+        self.epoch_label.value = _bar_label(f"Epoch {progress.epoch or '-'}/{epochs or '?'} · batch {progress.step}/{steps or '?'}")
         # The run: batches when the epoch's length is known, else epochs.
-        done_epochs = max(0, lifecycle.epoch - 1)
+        done_epochs = max(0, progress.epoch - 1)
         if steps and epochs:
-            self.run_progress.max, self.run_progress.value = epochs * steps, min(epochs * steps, done_epochs * steps + lifecycle.step)
+            self.run_progress.max, self.run_progress.value = epochs * steps, min(epochs * steps, done_epochs * steps + progress.step)
         else:
             self.run_progress.max, self.run_progress.value = max(1, epochs), min(max(1, epochs), done_epochs)
         self.run_label.value = _bar_label(f"Run {100 * self.run_progress.value // max(1, self.run_progress.max)}%" if epochs else "Run")
         for bar in (self.progress, self.run_progress):
             bar.bar_style = _BAR_STYLES[state]
-        self.stats.value = self._stats_html(now)
+        self.stats.value = self._stats_html(now, progress)
         enabled = {str(command) for command in allowed_commands(state)}
         for key, button in self.buttons.items():
             button.disabled = key not in enabled and not (key == "pause" and "resume" in enabled)
@@ -340,20 +232,20 @@ class ControlPanel:
         pause.description, pause.icon = ("Resume", "play") if paused else ("Pause", "pause")
         pause.tooltip = _tooltip(Command.RESUME if paused else Command.PAUSE)
         pause._dom_classes = ("traincontrol-button", f"traincontrol-command-{'resume' if paused else 'pause'}")
-        self._refresh_steering(enabled)
-        self.metrics.value = _metrics_html(lifecycle.metrics)
-        self.chart.value = loss_chart_svg(lifecycle.epoch_history, lifecycle.loss_curve.points())
+        self._refresh_steering(enabled, progress)
+        self.metrics.value = _metrics_html(progress.metrics)
+        self.chart.value = loss_chart_svg(lifecycle.history.epochs, lifecycle.history.loss_curve.points())
         self.note.value = self._note_html(state)
-        self.log.value = _log_html(list(lifecycle.events)[-8:])
+        self.log.value = _log_html(list(lifecycle.journal.events)[-8:])
         self.output.value = self._output_html()
 
-    def _refresh_steering(self, enabled: set[str]) -> None:
+    def _refresh_steering(self, enabled: set[str], progress) -> None:
         rollback = self.buttons["rollback"]
         if self._rollback_armed is not None and time.monotonic() - self._rollback_armed >= ROLLBACK_CONFIRM_SECONDS:
             self._rollback_armed = None
             rollback.description, rollback.button_style = "Rollback", ""
         rollback.disabled = "rollback" not in enabled or not self.run.lifecycle.checkpoints()
-        lr = self.run.lifecycle.tunables.get("learning_rate")
+        lr = progress.tunables.get("learning_rate")
         field = self.learning_rate
         field.disabled = "set" not in enabled
         field.layout.display = "none" if lr is None and self._shown_lr is None else None
@@ -361,16 +253,16 @@ class ControlPanel:
             self._shown_lr = lr
             field.value = _lr_text(lr)  # only when the run's value changed: never over what is being typed
 
-    def _stats_html(self, now: float) -> str:
+    def _stats_html(self, now: float, progress) -> str:
         lifecycle = self.run.lifecycle
         started = lifecycle.started or now
         elapsed = (lifecycle.ended or now) - started
-        steps, epochs = lifecycle.steps, lifecycle.epochs
-        done = (lifecycle.epoch - 1) * steps + lifecycle.step if steps and lifecycle.epoch else None
+        steps, epochs = progress.steps, progress.epochs
+        done = (progress.epoch - 1) * steps + progress.step if steps and progress.epoch else None
         rate = self._rate.add(time.monotonic(), done) if done is not None else None
         parts = [f"{_clock(elapsed)} elapsed"]
         if rate and steps and epochs and self.run.state in ("running", "paused"):
-            remaining = (epochs - lifecycle.epoch) * steps + (steps - lifecycle.step)
+            remaining = (epochs - progress.epoch) * steps + (steps - progress.step)
             parts.append(f"ETA {_clock(remaining / rate)}")
         if rate:
             batch_size = self.run.batch_size
@@ -448,29 +340,3 @@ def _log_html(events: list[dict]) -> str:
         message = event["message"] if event["kind"] != "state" else f"state: {event['message']}"
         lines.append(f'<div style="color:{color}">{stamp} {html.escape(message)}</div>')
     return f'<div style="font-size:11px;font-family:monospace;line-height:1.4">{"".join(lines)}</div>'
-
-
-class TextReporter:
-    """The panel's stand-in outside a notebook front end: prints a line for
-    each state change and checkpoint.
-
-    Args:
-        run: The `TrainingRun`.
-        stream: Where to print. Defaults to the real stdout.
-    """
-
-    def __init__(self, run: TrainingRun, stream=None):
-        self.run = run
-        self._stream = stream or sys.__stdout__
-        run.lifecycle.add_listener(self._on_event)
-
-    def start(self) -> "TextReporter":
-        return self
-
-    def join(self, timeout: float | None = None) -> None:
-        """Nothing to wait for."""
-
-    def _on_event(self, lifecycle, event) -> None:
-        if event is None or event["kind"] not in ("state", "checkpoint", "error", "warning"):
-            return
-        print(f"[traincontrol] {self.run.name}: {event['message']}", file=self._stream, flush=True)

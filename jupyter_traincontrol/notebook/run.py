@@ -11,8 +11,8 @@ reporter): it never imports the panel, and the panel reads the run through
 its public attributes.
 
 Final states: ``failed`` if the cell raised; ``aborted`` / ``stopped`` if a
-``fit`` was ended by that command; ``finished`` otherwise (also when the cell
-never called ``fit``, which the run's log says).
+``fit`` was ended by that command (`protocol.final_state`); ``finished``
+otherwise (also when the cell never called ``fit``, which the run's log says).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import time
 import traceback
 from typing import Any, Callable, Protocol
 
-from ..commands import ACTIVE_STATES, FINAL_STATES, Command, RunState, parse_command
-from ..lifecycle import RunLifecycle
+from ..fit import watchdog
+from ..protocol import ACTIVE_STATES, FINAL_STATES, Command, Request, RunState, final_state, parse_command
+from ..run import RunLifecycle
 from .fit_hook import FitInterceptor, intercept_fit
 from .output import route_thread_output
 
@@ -149,7 +150,7 @@ class TrainingRun(FitInterceptor):
             raise ValueError(f"on_interrupt must be stop, save or abort, got {on_interrupt!r}.")
         self._compiled = compile(code, filename, "exec")
         self._namespace = namespace
-        from ..callback import ControlCallback  # Keras loads with the first run, not with the extension
+        from ..fit.callback import ControlCallback  # Keras loads with the first run, not with the extension
 
         self.lifecycle = RunLifecycle(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
         self.callback = ControlCallback(
@@ -160,7 +161,6 @@ class TrainingRun(FitInterceptor):
         self.history = None
         self.fit_calls = 0
         self.batch_size: int | None = None
-        self._ended_by: Command | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_interrupt = float("-inf")
@@ -210,27 +210,33 @@ class TrainingRun(FitInterceptor):
         """
         return self._done.wait(timeout)
 
-    def send(self, command: str | Command) -> Command:
-        """Sends a command through the run's FIFO (see `ControlCallback`)."""
-        return self.lifecycle.send(command)
+    def send(self, command: str | Command | Request, sender: str = "notebook") -> Request:
+        """Sends a command through the run's FIFO (see `ControlCallback`), with
+        a request id the run acknowledges (`ack`)."""
+        return self.lifecycle.send(command, sender=sender)
 
-    def stop(self) -> Command:
+    def ack(self, request: Request) -> dict | None:
+        """What became of `request` (`send` returned it): ``{"outcome",
+        "message", ...}``, or None while the run has not answered."""
+        return self.lifecycle.journal.acks_of(request.request_id) if request.request_id else None
+
+    def stop(self) -> Request:
         """Checkpoint, then end ``fit`` gracefully."""
         return self.send(Command.STOP)
 
-    def save(self) -> Command:
+    def save(self) -> Request:
         """Write a checkpoint; training goes on."""
         return self.send(Command.SAVE)
 
-    def abort(self) -> Command:
+    def abort(self) -> Request:
         """End ``fit`` gracefully without a checkpoint."""
         return self.send(Command.ABORT)
 
-    def pause(self) -> Command:
+    def pause(self) -> Request:
         """Hold the training thread at the next batch boundary."""
         return self.send(Command.PAUSE)
 
-    def resume(self) -> Command:
+    def resume(self) -> Request:
         """Let a paused run go on."""
         return self.send(Command.RESUME)
 
@@ -242,6 +248,7 @@ class TrainingRun(FitInterceptor):
         Raises:
             NameTakenError: If a live run has the requested name.
         """
+        watchdog.check_all()  # a run of this process whose fit raised ends now, before a new one claims a name
         self.lifecycle.open()
         with _runs_lock:
             _active.append(self)
@@ -264,10 +271,9 @@ class TrainingRun(FitInterceptor):
             final = RunState.FAILED
             error = _format_cell_error(exception)
         else:
-            if self._ended_by is not None:
-                final = {Command.ABORT: RunState.ABORTED, Command.STOP: RunState.STOPPED}[self._ended_by]
-            elif self.fit_calls == 0:
-                self.lifecycle.log("warning", "The cell ended without calling fit: nothing was trained.")
+            final = final_state(self.callback.ended_by)
+            if self.fit_calls == 0:
+                self.lifecycle.journal.log("warning", "The cell ended without calling fit: nothing was trained.")
         finally:
             self.lifecycle.close(final, error)
             with _runs_lock:
@@ -279,8 +285,8 @@ class TrainingRun(FitInterceptor):
 
     def around_fit(self, fit: Callable, model, args: tuple, kwargs: dict) -> Any:
         """Adds the control callback to a ``fit`` call of the cell."""
-        if self._ended_by is not None:
-            self.lifecycle.log("info", f"fit skipped: the run was told to {self._ended_by}.")
+        if self.callback.ended_by is not None:
+            self.lifecycle.journal.log("info", f"fit skipped: the run was told to {self.callback.ended_by}.")
             return getattr(model, "history", None)
         bound = inspect.signature(fit).bind(model, *args, **kwargs)
         arguments = bound.arguments
@@ -291,14 +297,13 @@ class TrainingRun(FitInterceptor):
         try:
             history = fit(*bound.args, **bound.kwargs)
         finally:
-            self._ended_by = self.callback.ended_by
             self.callback.resume = False  # only the first fit of the cell resumes
         self.history = history
         return history
 
     # Interrupts --------------------------------------------------------------
 
-    def handle_interrupt(self, now: float | None = None) -> Command | None:
+    def handle_interrupt(self, now: float | None = None) -> Request | None:
         """Answers a kernel interrupt: sends `on_interrupt`, or ``abort`` for a
         second interrupt while stopping. Interrupts less than a second after
         the previous one belong to the same burst and are ignored.
@@ -314,11 +319,11 @@ class TrainingRun(FitInterceptor):
         command = Command.ABORT if repeated and self.state == RunState.STOPPING else self.on_interrupt
         if command is Command.STOP:
             self.callback.note_interrupt()
-        self.lifecycle.log("info", f"Kernel interrupt: sending {command}.")
+        self.lifecycle.journal.log("info", f"Kernel interrupt: sending {command}.")
         try:
-            return self.send(command)
+            return self.send(command, sender="interrupt")
         except OSError as error:
-            self.lifecycle.log("warning", f"Kernel interrupt: could not send {command}: {error}")
+            self.lifecycle.journal.log("warning", f"Kernel interrupt: could not send {command}: {error}")
             return None
 
     def __repr__(self) -> str:
@@ -326,11 +331,11 @@ class TrainingRun(FitInterceptor):
 
     def summary(self) -> str:
         """One line about the run: state, progress, loss, and how to command it."""
-        lifecycle = self.lifecycle
+        progress = self.lifecycle.progress
         parts = [f"Run {self.name!r}: {self.state}"]
-        if lifecycle.epoch:
-            parts.append(f"epoch {lifecycle.epoch}/{lifecycle.epochs or '?'}, batch {lifecycle.step}/{lifecycle.steps or '?'}")
-        loss = lifecycle.metrics.get("loss") if lifecycle.metrics else None
+        if progress.epoch:
+            parts.append(f"epoch {progress.epoch}/{progress.epochs or '?'}, batch {progress.step}/{progress.steps or '?'}")
+        loss = progress.metrics.get("loss") if progress.metrics else None
         if isinstance(loss, (int, float)):
             parts.append(f"loss {loss:.4g}")
         if self.checkpoints:

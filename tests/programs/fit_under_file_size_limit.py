@@ -9,8 +9,8 @@ import json, os, resource, signal, sys, threading
 import numpy as np
 from helpers import At, EventLog, build_model, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.channel import send_command
-from jupyter_traincontrol.commands import Command
+from jupyter_traincontrol.transport.send import deliver
+from jupyter_traincontrol.protocol import Command
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death, as for a full disk
 log = EventLog()
@@ -26,16 +26,16 @@ def script():
         raise
 
 def steps():
-    send_command(control.fifo, "save")
+    deliver(control.fifo, "save")
     log.wait_count("checkpoint", None, 1)
     size = os.path.getsize(control.checkpoints[0])
     resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, resource.RLIM_INFINITY))
-    send_command(control.fifo, "save")
+    deliver(control.fifo, "save")
     log.wait_count("error", None, 1)
-    started = control.lifecycle.step + 8 * control.lifecycle.epoch
-    wait_until(lambda: control.lifecycle.step + 8 * control.lifecycle.epoch > started + 10)
+    started = control.lifecycle.progress.step + 8 * control.lifecycle.progress.epoch
+    wait_until(lambda: control.lifecycle.progress.step + 8 * control.lifecycle.progress.epoch > started + 10)
     trained_after.append(control.state)
-    send_command(control.fifo, "stop")
+    deliver(control.fifo, "stop")
 
 x = np.random.default_rng(0).random((64, 3), dtype="float32")
 start = lambda cb: threading.Thread(target=script, daemon=True).start()

@@ -65,7 +65,7 @@ control = ControlCallback(name=args.name, checkpoint_dir=args.checkpoint_dir, re
 
 def note(lifecycle, event):
     if event is not None and event["kind"] in ("command", "state", "error"):
-        log.write(json.dumps({"kind": event["kind"], "message": event["message"], "boundary": control._progress.boundary}) + "\n")
+        log.write(json.dumps({"kind": event["kind"], "message": event["message"], "boundary": control.session.progress.boundary}) + "\n")
     if event is not None and event["kind"] == "state" and lifecycle.ended is not None:
         record = lifecycle.record()
         log.write(json.dumps({"kind": "final", "state": record["state"], "error": lifecycle.error,
@@ -88,7 +88,7 @@ class Pace(keras.callbacks.Callback):
 history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=[control, Pace()])
 result = {"process": args.process, "state": str(control.state), "epochs": len(history.epoch),
           "sigterm_restored": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
-          "optimizer_step": int(model.optimizer.iterations.numpy()), "boundary": control._progress.boundary,
+          "optimizer_step": int(model.optimizer.iterations.numpy()), "boundary": control.session.progress.boundary,
           "checkpoints": [str(p) for p in control.checkpoints]}
 log.write(json.dumps({"kind": "result", **result}) + "\n")
 print("RESULT " + json.dumps(result), flush=True)

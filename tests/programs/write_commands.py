@@ -4,8 +4,8 @@ Usage: python write_commands.py FIFO WORD,WORD,...
 """
 
 import sys
-from jupyter_traincontrol.channel import send_command
+from jupyter_traincontrol.transport.send import deliver
 fifo, words = sys.argv[1], sys.argv[2].split(",")
 sys.stdin.readline()  # the start signal: all writers go at once
 for word in words:
-    send_command(fifo, word)
+    deliver(fifo, word)

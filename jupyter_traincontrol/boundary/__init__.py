@@ -1,0 +1,11 @@
+"""What commands do to a training at a boundary, whatever drives it (`fit`, a loop).
+
+- `port`: what this layer needs of a run (`RunPort`) and of the state
+  being trained (`Trained`).
+- `progress`: `TrainingProgress`, the driver's counters, read by the run.
+- `actions`: `CommandActions`, each command at a boundary, acknowledged.
+- `saves`: `SaveScheduler`, checkpoints that hold training only for a copy.
+- `steering`: ``set`` and ``rollback``, and the record of what changed.
+- `tunables`: what ``set`` may change in a Keras optimizer and model.
+- `nan_policy`: what a non-finite loss does.
+"""

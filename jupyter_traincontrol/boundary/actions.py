@@ -1,0 +1,198 @@
+"""What each command does to the training, at a boundary, on the training thread.
+
+`CommandActions` takes the requests waiting in a run's channel and carries
+them out (the table is `protocol.COMMAND_HELP`): ``save`` writes a
+checkpoint, ``stop`` writes one and ends the training (`fit` the Keras
+way, ``model.stop_training``: the front end says how), ``abort`` ends it
+without one, ``pause`` holds the thread until ``resume``, ``stop`` or
+``abort``; ``set`` and ``rollback`` are the training's
+`steering.Steering`'s. Each request is then acknowledged in the run's
+record with its outcome (``applied``, ``ignored`` or ``failed``), and the
+record is published once for all the requests of a boundary. Saves asked
+for at one boundary are one checkpoint: a burst of them costs training one
+save. Checkpoints are written by `saves.SaveScheduler` (a snapshot at the
+boundary, the file on a writer thread; a ``save`` is acknowledged once its
+checkpoint is committed). The state being trained is synced once, where
+the boundary's commands are taken.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from ..protocol import Command, Request, RunState
+from .port import RunPort, Trained
+from .progress import TrainingProgress
+from .saves import Outcome, SaveScheduler
+
+if TYPE_CHECKING:
+    from .steering import Steering
+
+__all__ = ["CommandActions"]
+
+_PAUSE_POLL_SECONDS = 0.25
+
+
+class CommandActions:
+    """Carries out a run's commands on its model, one boundary at a time.
+
+    Args:
+        trained: The state being trained (synced once per boundary).
+        run: The run (its journal, state and record).
+        channel: Where requests come from (the run's channel, or a job's
+            agreed one): ``pending``, ``pop()``, ``get(timeout)``.
+        progress: Where training stands.
+        saves: Writes the checkpoints.
+        end: Ends the training after this boundary (`fit`: sets
+            ``model.stop_training``).
+        say: Prints one line for the user (or not, when quiet).
+        steering: Carries out ``set`` and ``rollback``; without it, those
+            two commands are refused.
+    """
+
+    def __init__(self, trained: Trained, run: RunPort, channel, progress: TrainingProgress, saves: SaveScheduler,
+                 end: Callable[[], None], say: Callable[..., None], steering: "Steering | None" = None):
+        self.trained = trained
+        self.run = run
+        self.progress = progress
+        self.ended_by: Command | None = None
+        self.interrupted = False
+        self._end = end
+        self._say = say
+        self._channel = channel
+        self.steering = steering
+        self.saves = saves
+        self._actions: dict[Command, Callable[[Request], Outcome | None]] = {
+            Command.SAVE: self._save,
+            Command.STOP: self._stop,
+            Command.ABORT: self._abort,
+            Command.PAUSE: self._hold,
+            Command.RESUME: lambda _request: self._ignored("The run is not paused; 'resume' ignored."),
+            Command.SET: self._set,
+            Command.ROLLBACK: self._rollback,
+        }
+
+    @property
+    def pending(self) -> bool:
+        """True when a command waits, or saves wait for a free writer (cheap)."""
+        channel = self._channel
+        return channel is not None and (channel.pending or (self.saves.due and self.saves.ready))
+
+    def detach(self) -> None:
+        """Stops taking commands (the run has ended); a held pause lets go.
+        Waits for the checkpoint being written."""
+        self._channel = None
+        self.saves.close()
+
+    def apply_pending(self, mid_epoch: bool) -> None:
+        """Applies every waiting request, then publishes the record once."""
+        if not self.pending:
+            return
+        self.progress.mid_epoch = mid_epoch
+        self.trained.sync()  # the one sync of this boundary: what follows reads the state as it is now
+        channel = self._channel
+        while (request := channel.pop()) is not None:
+            self._apply(request)
+        self.saves.start_due()
+        self.run.publish(force=True)  # senders see their acks now
+
+    def _apply(self, request: Request) -> None:
+        journal = self.run.journal
+        journal.log("command", f"{request.command} received")
+        outcome = self._actions[request.command](request)
+        if outcome is not None:  # None: the action acknowledged it itself
+            journal.acknowledge(request, *outcome)
+
+    def _ignored(self, message: str) -> Outcome:
+        self.run.journal.log("info", message)
+        return "ignored", message
+
+    # The commands ----------------------------------------------------------
+
+    def _save(self, request: Request) -> None:
+        self.saves.request(request)  # acknowledged once its checkpoint is committed
+
+    def _stop(self, request: Request) -> Outcome | None:
+        if self.ended_by is not None:
+            return self._ignored("Already stopping; 'stop' ignored.")
+        outcome, message = self._checkpoint("interrupt" if self.interrupted else "stop")
+        if outcome != "applied":
+            message = f"stopping without a checkpoint: {message}"
+        self.run.journal.acknowledge(request, outcome, message)  # published with the state, in one write
+        self._end_fit(Command.STOP)
+        return None
+
+    def _abort(self, request: Request) -> Outcome | None:
+        if self.ended_by is Command.ABORT:
+            return self._ignored("Already aborting; 'abort' ignored.")
+        self.run.journal.acknowledge(request, "applied", "aborting without a checkpoint")
+        self._end_fit(Command.ABORT)
+        return None
+
+    def _hold(self, pause: Request) -> None:
+        """Holds the training thread here until ``resume``, ``stop`` or ``abort``."""
+        run, journal = self.run, self.run.journal
+        if self.ended_by is not None:
+            journal.acknowledge(pause, *self._ignored("The run is stopping; 'pause' ignored."))
+            return
+        run.move_to(RunState.PAUSED)
+        journal.acknowledge(pause, "applied", "paused")
+        self._say(f"Run {run.name!r} paused; send 'resume' to go on.")
+        run.publish(force=True)
+        while (channel := self._channel) is not None:  # None once the run was ended meanwhile
+            request = channel.get(_PAUSE_POLL_SECONDS)
+            self.saves.start_due()  # saves that waited for the writer
+            if request is None:
+                continue
+            if request.command is Command.RESUME:
+                journal.log("command", "resume received")
+                run.move_to(RunState.RUNNING)
+                journal.acknowledge(request, "applied", "resumed")
+                return
+            if request.command is Command.PAUSE:
+                journal.acknowledge(request, *self._ignored("Already paused; 'pause' ignored."))
+            else:
+                self._apply(request)
+                self.saves.start_due()
+            run.publish(force=True)  # the sender sees its ack now
+            if self.ended_by is not None:
+                return
+
+    def _set(self, request: Request) -> Outcome:
+        if self.steering is None:
+            return "failed", "this callback does not steer (no model seen yet)"
+        return self.steering.set(request)
+
+    def _rollback(self, request: Request) -> Outcome:
+        if self.ended_by is not None:
+            return self._ignored(f"The run is stopping; '{request}' ignored.")
+        if self.steering is None:
+            return "failed", "this callback does not steer (no model seen yet)"
+        outcome = self.steering.rollback(request)
+        self.saves.model_changed()  # a save now is not the one just taken
+        return outcome
+
+    def stop_without_checkpoint(self) -> bool:
+        """Ends the training as ``stop`` does, but writes no checkpoint (the
+        NaN policy: the newest checkpoint stays the last finite one).
+
+        Returns:
+            False if the fit was ending already.
+        """
+        if self.ended_by is not None:
+            return False
+        self._end_fit(Command.STOP)
+        return True
+
+    def _end_fit(self, command: Command) -> None:
+        progress = self.progress
+        if progress.mid_epoch and not progress.epoch_is_over:
+            progress.stopped_mid_epoch = True
+        self.ended_by = command
+        self._end()
+        self.run.move_to(RunState.STOPPING)
+
+    def _checkpoint(self, reason: str) -> Outcome:
+        """Writes a checkpoint of this boundary, on disk when this returns;
+        says what it wrote, or why it could not."""
+        return self.saves.write_now(reason)

@@ -1,0 +1,86 @@
+"""Where training stands, as its driver counts it: the numbers a boundary needs.
+
+`TrainingProgress` is kept by whatever drives the training (a `fit`'s
+callback, a `TrainLoop`) with plain assignments, cheap enough for every
+batch. The boundary layer reads it to know where a checkpoint is taken
+(`position`), and the run reads it as its `ProgressSource` when it publishes
+(`progress`, a frozen `RunProgress`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..checkpoint import TrainingPosition
+from ..run.progress import RunProgress
+
+__all__ = ["TrainingProgress"]
+
+
+class TrainingProgress:
+    """The counters of one training (one `fit`, one loop).
+
+    Attributes:
+        epoch: Zero-based index of the epoch in progress.
+        epoch_begun: True once an epoch has begun (before, the record shows
+            epoch 0, even for a resume that continues in a later one).
+        epochs: The epochs asked for, or None.
+        step: Batches of the epoch in progress trained.
+        steps: Batches an epoch has, or None until known.
+        boundary: Batch boundaries passed since training began.
+        mid_epoch: True while commands are applied right after a training
+            batch (rather than at an epoch's start or end, or in validation).
+        stopped_mid_epoch: True once a stop or abort came before the
+            epoch's last batch.
+        in_validation: Between the epoch's first validation batch and its end.
+        metrics: The latest logs.
+        global_step: The optimizer's step as of the last checkpoint, resume
+            or rollback (None until then).
+        tunables: What ``set`` can change, and the current values.
+        version: Changes whenever the counters do (the run compares it).
+    """
+
+    def __init__(self, epoch: int = 0):
+        self.epoch = epoch
+        self.epoch_begun = False
+        self.epochs: int | None = None
+        self.step = 0
+        self.steps: int | None = None
+        self.boundary = 0
+        self.mid_epoch = False
+        self.stopped_mid_epoch = False
+        self.in_validation = False
+        self.metrics: dict[str, Any] = {}
+        self.global_step: int | None = None
+        self.tunables: dict[str, float | None] = {}
+        self.version = 0
+
+    def progress(self) -> RunProgress:
+        """The progress as the run shows it (epochs counted from 1)."""
+        return RunProgress(
+            epoch=self.epoch + 1 if self.epoch_begun else 0, epochs=self.epochs, step=self.step, steps=self.steps,
+            global_step=self.global_step, metrics=dict(self.metrics), tunables=dict(self.tunables),
+        )
+
+    def position(self, global_step: int | None) -> TrainingPosition:
+        """The position a checkpoint taken now records.
+
+        Args:
+            global_step: The optimizer's step count now.
+        """
+        if self.mid_epoch:
+            complete = self.steps is not None and self.step >= self.steps
+        else:
+            complete = self.step > 0 and not self.stopped_mid_epoch
+        return TrainingPosition(
+            epoch=self.epoch,
+            step_in_epoch=self.step,
+            steps_per_epoch=self.steps,
+            global_step=global_step,
+            epoch_complete=complete,
+        )
+
+    @property
+    def epoch_is_over(self) -> bool:
+        """True once every batch of the epoch in progress was trained."""
+        return self.steps is not None and self.step >= self.steps

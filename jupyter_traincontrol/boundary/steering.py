@@ -1,0 +1,254 @@
+"""Steering a live `fit`: ``set`` and ``rollback``, and where their changes are kept.
+
+`Steering` carries out the two commands at a boundary, on the training
+thread, for `actions.CommandActions`:
+
+- ``set KEY=VALUE ...`` changes optimizer hyperparameters and user tunables
+  (`tunables.Tunables`: checked whole before anything changes); ``set``
+  alone reports the current values.
+- ``rollback [N]`` loads the run's N-th newest checkpoint into the live
+  model and optimizer (weights, moments, ``iterations``), resets the
+  epoch's running metrics, and training goes on. What was steered stays as
+  it is now: the learning rate and tunables keep their current values,
+  they are not taken back to the checkpoint's.
+
+Every change is kept four ways: an event in the run's log and an entry in
+the record's ``changes`` (what sent it, old and new value, where training
+was); the current values in the record's ``tunables``; the values steered
+so far in each later checkpoint's sidecar (``tunables``), which a resume
+applies again (`begin`); and, at each epoch's end, in the logs `History`
+keeps, as `ReduceLROnPlateau` does for ``learning_rate`` (``rollbacks``
+counts rollbacks; a key that appears mid-`fit` is filled in for the
+earlier epochs, so every list in ``History.history`` has one value an
+epoch).
+
+After a loss that is not finite, the weights are suspect: no checkpoint
+is written (by any command) until a rollback, or a check that finds every
+weight finite (`refuse_checkpoint`). Steering is the `saves.SavePolicy` of
+its training (`terms`): it refuses those checkpoints, gives each the
+optimizer as the user built it, and the values steered so far.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable
+
+from ..checkpoint import Checkpoint, CheckpointError
+from ..protocol import Request, assignments, rollback_depth
+from .port import RunPort, Trained
+from .progress import TrainingProgress
+from .saves import Outcome, SaveTerms
+from .tunables import Change, TunableError, Tunables
+
+__all__ = ["Steering", "format_value"]
+
+
+def format_value(value: float | None) -> str:
+    """A value as messages show it: ``0.0001``, ``off`` for None."""
+    return "off" if value is None else f"{value:.6g}"
+
+
+class Steering:
+    """The ``set`` and ``rollback`` of one `fit`, and the record of what changed.
+
+    Args:
+        trained: The state being trained (rollbacks load into it).
+        tunables: What ``set`` may change.
+        run: The run (journal, store, record).
+        progress: Where training is.
+        say: Prints one line for the user.
+        history: Returns the Keras `History` whose earlier epochs get a key
+            that appears mid-`fit` (None: no such history).
+    """
+
+    def __init__(self, trained: Trained, tunables: Tunables, run: RunPort, progress: TrainingProgress,
+                 say: Callable[..., None], history: Callable[[], Any] | None = None):
+        self.trained = trained
+        self.run = run
+        self.journal = run.journal
+        self.progress = progress
+        self.tunables = tunables
+        self._history = history or (lambda: None)
+        self.overrides: dict[str, float] = {}  # every value steered in this run: written in sidecars
+        self.rollbacks = 0
+        self.suspect: str | None = None  # why the weights may not be finite, or None
+        self._say = say
+        self._first_old: dict[str, float | None] = {}  # a key's value before its first change
+        self._epochs_logged = 0
+        #: Waits until checkpoints being written in the background are listed
+        #: (set by the front end to its saves'): a rollback chooses among all of them.
+        self.wait_for_saves: Callable[[], None] = lambda: None
+
+    # Start -------------------------------------------------------------------
+
+    def begin(self, resumed: Checkpoint | None = None) -> None:
+        """At train begin: applies again what the resumed checkpoint's
+        sidecar says was steered, and publishes the current values."""
+        steered = dict((resumed.info.get("tunables") or {}) if resumed is not None else {})
+        if steered:
+            known = set(self.tunables.names())
+            unknown = sorted(set(steered) - known)
+            steered = {name: value for name, value in steered.items() if name in known}
+            if unknown:
+                self._warn(f"Resume: cannot set {', '.join(unknown)} again (this model has no such value).")
+            try:
+                changes = self.tunables.apply(steered)
+            except TunableError as error:
+                self._warn(f"Resume: the steered values of {resumed.path.name} were not set again: {error}")
+            else:
+                self._record(changes, f"resume from {resumed.path.name}")
+        self._publish_values()
+
+    # set -----------------------------------------------------------------------
+
+    def set(self, request: Request) -> Outcome:
+        """``set KEY=VALUE ...``: changes all of them or none; alone: reports."""
+        wanted = assignments(request)
+        if not wanted:
+            values = self.tunables.read()
+            self._publish_values(values)
+            shown = " ".join(f"{name}={format_value(value)}" for name, value in values.items())
+            return "applied", shown or f"nothing can be set: {self.tunables.describe()}"
+        try:
+            changes = self.tunables.apply(wanted)
+        except TunableError as error:
+            message = f"'{request}' refused, nothing changed: {error}"
+            self.journal.log("error", message)
+            self._say(message)
+            return "failed", str(error)
+        notes = ""
+        if "learning_rate" in wanted and self.tunables.schedule_replaced and "learning_rate" not in self.overrides:
+            notes = " (the learning-rate schedule is replaced by this constant)"
+        message = self._record(changes, _sender(request)) + notes
+        self._say(f"Set {message}")
+        return "applied", message
+
+    def set_learning_rate(self, value: float, by: str) -> str:
+        """Sets the learning rate on the run's own account (the NaN policy)."""
+        return self._record(self.tunables.apply({"learning_rate": value}), by)
+
+    # rollback ------------------------------------------------------------------
+
+    def rollback(self, request: Request) -> Outcome:
+        """``rollback [N]``: loads the N-th newest checkpoint of the run."""
+        depth = rollback_depth(request)
+        self.wait_for_saves()
+        checkpoints = self.run.store.list()
+        if depth > len(checkpoints):
+            have = f"only {len(checkpoints)}" if checkpoints else "none yet (send 'save' to take one)"
+            message = f"Cannot roll back to checkpoint {depth} from the newest: this run has {have}."
+            self.journal.log("error", message)
+            self._say(message)
+            return "failed", message
+        return self.rollback_to(checkpoints[-depth], _sender(request))
+
+    def rollback_to(self, checkpoint: Checkpoint, by: str) -> Outcome:
+        """Loads `checkpoint` into the live model and optimizer (the state
+        synced at this boundary); the steered values stay as they are now."""
+        trained, progress = self.trained, self.progress
+        kept = self.tunables.read()
+        step_before = trained.step()
+        try:
+            trained.restore(checkpoint)
+        except CheckpointError as error:
+            message = f"Rollback failed, the model is as it was: {error}"
+            self.journal.log("error", message)
+            self._say(message)
+            return "failed", message
+        self.tunables.restore(kept)  # the checkpoint's file holds the learning rate it had
+        self.rollbacks += 1
+        self.suspect = None
+        progress.global_step = trained.step()
+        position = checkpoint.position
+        goes_on = (f"epoch {progress.epoch + 2}" if progress.epoch_is_over
+                   else f"epoch {progress.epoch + 1}, batch {progress.step + 1}")
+        message = (
+            f"rolled back to {checkpoint.path.name} (epoch {position.epoch + 1}, step {position.step_in_epoch}): "
+            f"optimizer step {step_before} -> {progress.global_step}; training goes on at {goes_on}"
+        )
+        self._add_change("rollbacks", self.rollbacks - 1, self.rollbacks, by, checkpoint=checkpoint.path.name)
+        self.journal.log("rollback", f"{message[0].upper()}{message[1:]} (by {by}).")
+        self._say(message[0].upper() + message[1:] + ".")
+        return "applied", message
+
+    # Checkpoints -----------------------------------------------------------------
+
+    def refuse_checkpoint(self) -> str | None:
+        """Why no checkpoint may be written now, or None. Once a loss was
+        not finite, a checkpoint is written only if every weight is finite."""
+        if self.suspect is None:
+            return None
+        if self.trained.all_finite():
+            self.suspect = None
+            return None
+        newest = self.run.store.latest() if self.run.store is not None else None
+        kept = f"{newest.path.name} stays the newest checkpoint" if newest else "there is no checkpoint"
+        return f"not written: {self.suspect}, and the weights are not all finite; {kept}"
+
+    def terms(self) -> SaveTerms:
+        """What a checkpoint taken now may be (`saves.SavePolicy`): refused
+        after a non-finite loss (`refuse_checkpoint`), with every value
+        steered in this run in its sidecar, and the optimizer as the user
+        built it in its model file (`tunables.Tunables.as_built`)."""
+        around = self.tunables.as_built() if self.tunables.schedule_replaced else contextlib.nullcontext()
+        return SaveTerms(self.refuse_checkpoint(), dict(self.overrides), around)
+
+    # Epoch end: History -------------------------------------------------------------
+
+    def add_to_logs(self, logs: dict | None) -> None:
+        """Adds the steered values to an epoch's logs (what `History` keeps)."""
+        if logs is None:
+            return
+        current = self.tunables.read()  # one read serves the logs and the record
+        self._publish_values(current)
+        values = {name: value for name, value in current.items()
+                  if name == "learning_rate" or name in self.tunables.user or name in self._first_old}
+        if self.rollbacks or "rollbacks" in self._first_old:
+            values["rollbacks"] = self.rollbacks
+        history = self._history()
+        earlier = getattr(history, "history", None)
+        for name, value in values.items():
+            if value is None:
+                continue
+            if (self._epochs_logged and isinstance(earlier, dict) and name not in earlier
+                    and len(getattr(history, "epoch", ())) == self._epochs_logged):
+                before = self._first_old.get(name)
+                earlier[name] = [before] * self._epochs_logged
+            logs[name] = value
+        self._epochs_logged += 1
+
+    # Records ----------------------------------------------------------------------------
+
+    def _record(self, changes: list[Change], by: str) -> str:
+        for change in changes:
+            self.overrides[change.name] = change.new
+            self._add_change(change.name, change.old, change.new, by)
+        message = ", ".join(f"{c.name} {format_value(c.old)} -> {format_value(c.new)}" for c in changes)
+        self.journal.log("change", f"{message} (by {by})")
+        self._publish_values()
+        return message
+
+    def _add_change(self, name: str, old, new, by: str, **extra) -> None:
+        self._first_old.setdefault(name, old)
+        progress = self.progress
+        change = {
+            "time": time.time(), "by": by, "name": name, "old": old, "new": new,
+            "epoch": progress.epoch + 1, "step": progress.step, "global_step": self.trained.step(),
+            **extra,
+        }
+        self.journal.add_change(change)
+
+    def _publish_values(self, values: dict | None = None) -> None:
+        self.progress.tunables = self.tunables.read() if values is None else values
+        self.progress.version += 1
+
+    def _warn(self, message: str) -> None:
+        self.journal.log("warning", message)
+        self._say(message)
+
+
+def _sender(request: Request) -> str:
+    """What sent a request, for the change log: the command line and its id."""
+    return f"'{request}'" + (f" #{request.request_id}" if request.request_id else "")

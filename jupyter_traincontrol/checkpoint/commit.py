@@ -1,0 +1,195 @@
+"""The commit protocol: a checkpoint is staged, renamed into place sidecar last, flushed, pruned.
+
+Both files are written inside a hidden ``.partial-RUNID-SEQ`` folder and
+renamed into place: first the model, then the sidecar. The sidecar is the
+commit mark: a model file without its sidecar is not a checkpoint. So a
+process killed at any moment leaves the previous checkpoint whole, and
+nothing half-written is ever listed. Before it stages anything, a save
+records its intent (the staging folder's and the model file's names, then
+the staged file's inode and size) in the folder's lock file
+(`CheckpointFolder.record_intent`); a later holder uses that record, and
+only that, to remove what a killed save left.
+
+Flushing (fsync) guards against a machine crash, not a killed process, and
+costs as long as the disk needs to write the file: `Committer` flushes a
+checkpoint that ends a run at once, and otherwise flushes the newest one
+only before a save would remove an older one (see `CheckpointStore`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Any, Mapping
+
+from .folder import STAGING_PREFIX, CheckpointFolder
+from .records import Checkpoint
+from .sidecar import DEFAULT_RUN
+
+__all__ = ["Committer", "STAGED_MODEL"]
+
+logger = logging.getLogger("jupyter_traincontrol")
+
+#: The model file's name inside a staging folder.
+STAGED_MODEL = "model.keras"
+_STAGED_SIDECAR = "info.json"
+
+
+class Committer:
+    """Writes, flushes and removes the checkpoints of one run in a held folder.
+
+    Args:
+        folder: The held folder.
+        keep: How many of the run's newest checkpoints to keep.
+    """
+
+    def __init__(self, folder: CheckpointFolder, keep: int):
+        self.folder = folder
+        self.keep = keep
+        self._flushed: set[int] = set()  # sequences flushed to disk
+
+    def write(self, source, info: dict[str, Any]) -> None:
+        """Stages `source` (anything with ``save(path)``: a model, a snapshot)
+        and its sidecar `info`, then renames them into place.
+
+        On failure, removes whatever it made (the renamed model file too)
+        and re-raises.
+        """
+        folder = self.folder
+        fd, file = folder.dir_fd, info["file"]
+        sidecar = file[: -len(".keras")] + ".json"
+        staging = f"{STAGING_PREFIX}{folder.run_id}-{info['sequence']}"
+        intent = {"staging": staging, "file": file}
+        folder.record_intent(intent)
+        folder.phase("intent-recorded")
+        renamed = False
+        try:
+            os.mkdir(staging, 0o700, dir_fd=fd)
+            folder.phase("staging-created")
+            source.save(folder.directory / staging / STAGED_MODEL)
+            st = os.stat(f"{staging}/{STAGED_MODEL}", dir_fd=fd, follow_symlinks=False)
+            info["size"] = st.st_size
+            folder.record_intent({**intent, "inode": st.st_ino, "size": st.st_size})
+            folder.phase("staged-model")
+            _write_new_file(folder.directory / staging / _STAGED_SIDECAR, _json_text(info))
+            folder.phase("staged-sidecar")
+            os.rename(f"{staging}/{STAGED_MODEL}", file, src_dir_fd=fd, dst_dir_fd=fd)
+            renamed = True
+            folder.phase("model-renamed")
+            os.rename(f"{staging}/{_STAGED_SIDECAR}", sidecar, src_dir_fd=fd, dst_dir_fd=fd)  # the commit
+            folder.phase("sidecar-committed")
+        except BaseException:
+            self._undo(staging, file if renamed else None)
+            raise
+        os.rmdir(staging, dir_fd=fd)
+        folder.phase("staging-removed")
+        folder.record_intent(None)
+        folder.phase("intent-cleared")
+
+    def _undo(self, staging: str, renamed_model: str | None) -> None:
+        """Cleans up after a failed save; reports (never raises) what it could not."""
+        folder = self.folder
+        pending = folder.pending or {}
+        try:
+            if renamed_model is not None:
+                folder.remove_if_same(renamed_model, pending.get("inode"), pending.get("size"))
+            folder.remove_staging(staging)
+            folder.record_intent(None)
+        except OSError as error:
+            logger.warning("A failed save left files in %s (the next run removes them): %s", folder.directory, error)
+
+    def flush_previous(self, checkpoints: list[Checkpoint]) -> None:
+        """Flushes the newest of `checkpoints` if this save is going to prune.
+
+        Done first, before this save changes the folder: a checkpoint written
+        a while ago is then usually on disk already, and on a journaling file
+        system flushing it forces no journal commit (which, on a busy disk,
+        can take seconds).
+        """
+        if self.keep > 1 and len(checkpoints) >= self.keep:
+            self.flush(checkpoints[-1])
+            self.folder.phase("previous-flushed")
+
+    def prune(self, checkpoints: list[Checkpoint], broken: list[tuple[str, dict, str]]) -> None:
+        """Removes all but the newest `keep` of the run's `checkpoints`, and
+        the run's sidecars whose model file a crash left short or missing."""
+        doomed = checkpoints[: max(0, len(checkpoints) - self.keep)]
+        kept = checkpoints[len(doomed):]
+        if doomed and not any(c.sequence in self._flushed for c in kept):
+            # Never delete a checkpoint before a newer one is surely on disk
+            # (with keep=1, that is the new one).
+            self.flush(kept[-1])
+        for old in doomed:
+            self._remove(old.sidecar.name, old.path.name, shorter_than=None)
+        for sidecar, info, _why in broken:
+            if (info.get("run") or DEFAULT_RUN) == self.folder.run:
+                self._remove(sidecar, info["file"], shorter_than=info["size"])
+
+    def _remove(self, sidecar: str, model_file: str, shorter_than: int | None) -> None:
+        """Uncommits a checkpoint of this run (its sidecar goes first), then
+        removes its model file.
+
+        The model file's inode and size are recorded as intent first, so a
+        kill between the two removals leaves a record the next run acts on.
+
+        Args:
+            sidecar: The sidecar's name.
+            model_file: The model file's name.
+            shorter_than: For a checkpoint a crash broke: remove the model
+                file only if it is shorter than this (a crash leaves it
+                short; a longer one is not what this run wrote). None: the
+                model file is whole, remove it.
+        """
+        folder = self.folder
+        try:
+            st = os.stat(model_file, dir_fd=folder.dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        ours = st is not None and stat.S_ISREG(st.st_mode) and (shorter_than is None or st.st_size < shorter_than)
+        if ours:
+            folder.record_intent({"file": model_file, "inode": st.st_ino, "size": st.st_size})
+        os.unlink(sidecar, dir_fd=folder.dir_fd)  # uncommit first
+        folder.phase("uncommitted")
+        if ours:
+            os.unlink(model_file, dir_fd=folder.dir_fd)
+            folder.record_intent(None)
+
+    def flush(self, checkpoint: Checkpoint) -> None:
+        """Makes `checkpoint` durable: its two files and their names in the folder."""
+        if checkpoint.sequence in self._flushed:
+            return
+        _fsync_file(checkpoint.path)
+        _fsync_file(checkpoint.sidecar)
+        _fsync_dir(self.folder.directory)
+        self._flushed.add(checkpoint.sequence)
+
+
+def _write_new_file(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _json_text(info: Mapping[str, Any]) -> str:
+    return json.dumps(info, indent=1, sort_keys=True, allow_nan=False)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,135 @@
+"""How a sender in another process reaches a run: find it by name, send, wait for the effect.
+
+The CLI and the Jupyter server send through here (and `transport.send.deliver`,
+the one function every sender writes with); `public_record` is the shape
+of a run record that the outside world sees (``list --json``, ``GET
+runs``). Like the registry and the transport, this module never imports
+Keras.
+
+Example:
+
+>>> request = send("mnist", "stop")                  # doctest: +SKIP
+>>> wait_for_ack("mnist", request, timeout=60)["outcome"]   # doctest: +SKIP
+'applied'
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ..protocol import FINAL_STATES, Command, Request, shorten
+from ..registry import RunNotFoundError, find_run, list_runs, read_tombstone
+from ..transport.channels import CHANNEL_KINDS
+from ..transport.send import NotListeningError, deliver, with_id
+
+__all__ = [
+    "send",
+    "wait_for_ack",
+    "channel_address",
+    "public_record",
+    "public_records",
+    "find_run",
+    "CommandFailedError",
+    "RunNotFoundError",
+]
+
+_WAIT_POLL_SECONDS = 0.05
+_PRIVATE_FIELDS = ("folder",)
+
+
+class CommandFailedError(RuntimeError):
+    """The run took the command but could not carry it out (a save that
+    could not be written, say)."""
+
+
+def send(name: str, command: str | Command | Request, sender: str | None = None) -> Request:
+    """Sends `command` to the listed run called `name`, with a fresh request id.
+
+    Args:
+        name: The run's name, as `jupyter-traincontrol list` shows it.
+        command: A command line (``stop``, ``save``, ``set lr=1e-4``,
+            ``rollback 2``, ...), a `Command` or a `Request`.
+        sender: A short word saying who sends (``cli``, ``rest``): the
+            fresh id starts with it, so the run's change log says who.
+
+    Returns:
+        The request delivered; `wait_for_ack` follows it by its id.
+
+    Raises:
+        UnknownCommandError: If `command` is not a command.
+        RunNotFoundError: If no run of that name is listed.
+        NotListeningError: If the run has ended, or its process is gone.
+        ChannelError: If the command could not be written.
+        UnsafePathError: If the run's channel is not a private one of ours.
+    """
+    request = with_id(command, sender or "client")
+    record = find_run(name)
+    address = channel_address(record)
+    if not record.get("live", True):
+        raise NotListeningError(f"Run {shorten(name, 80)!r} is no longer listening: its process is gone.")
+    if record.get("state") in FINAL_STATES or address is None:
+        raise NotListeningError(f"Run {shorten(name, 80)!r} has ended ({record.get('state')}); it takes no more commands.")
+    try:
+        deliver(address, request, kind=record.get("channel"))
+    except NotListeningError:
+        raise NotListeningError(f"Run {shorten(name, 80)!r} is not listening any more (its channel {address} has no reader).") from None
+    return request
+
+
+def channel_address(record: dict[str, Any]) -> Path | None:
+    """Where to write to the run of `record`: always inside its own run
+    folder, whatever path the record names (a record is outside data)."""
+    kind = record.get("channel")
+    folder = record.get("folder")
+    if kind not in CHANNEL_KINDS or not isinstance(folder, str):
+        return None
+    return Path(folder) / CHANNEL_KINDS[kind]
+
+
+def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
+    """Waits until the run acknowledges `request` (by its id) in its record.
+
+    Args:
+        name: The run's name.
+        request: The request as `send` returned it.
+        timeout: Seconds to wait at most.
+
+    Returns:
+        The acknowledgement: ``{"ids", "command", "outcome", "message",
+        "time"}`` with outcome ``applied`` or ``ignored``.
+
+    Raises:
+        CommandFailedError: If the run could not carry it out.
+        NotListeningError: If the run ended or died before applying it.
+        TimeoutError: If no acknowledgement came within `timeout`.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            record = find_run(name)
+        except RunNotFoundError:  # ended and its process exited: its last record says
+            record = read_tombstone(name) or {"acks": [], "live": False, "state": "gone"}
+        ack = next((a for a in record.get("acks") or [] if request.request_id in a["ids"]), None)
+        if ack is not None:
+            if ack.get("outcome") == "failed":
+                raise CommandFailedError(f"Run {shorten(name, 80)!r} could not carry out {request}: {ack.get('message')}")
+            return ack
+        if not record.get("live", True):
+            raise NotListeningError(f"Run {shorten(name, 80)!r} died before applying {request}.")
+        if record.get("state") in FINAL_STATES:
+            raise NotListeningError(f"Run {shorten(name, 80)!r} ended ({record.get('state')}) before applying {request}.")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"Sent {request} to run {shorten(name, 80)!r}, but it did not acknowledge it within {timeout:g} s.")
+        time.sleep(_WAIT_POLL_SECONDS)
+
+
+def public_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A run record as ``list --json`` and the server show it (internal fields dropped)."""
+    return {key: value for key, value in record.items() if key not in _PRIVATE_FIELDS}
+
+
+def public_records() -> list[dict[str, Any]]:
+    """The public records of all listed runs, oldest first."""
+    return [public_record(record) for record in list_runs()]

@@ -1,0 +1,231 @@
+"""`ControlCallback`: a Keras callback that obeys stop, save, abort, pause, resume, set, rollback.
+
+It works in any script, without Jupyter::
+
+    model.fit(x, y, epochs=50, callbacks=[ControlCallback(name="mnist")])
+
+and from another terminal::
+
+    jupyter-traincontrol send mnist stop      # or: echo stop > FIFO
+
+Commands take effect at the next batch boundary, on the training thread,
+inside Keras's own hooks, so a checkpoint is always taken between two
+batches. Stopping uses ``model.stop_training = True``: unlike raising an
+exception, that lets every other callback's ``on_train_end`` run
+(``EarlyStopping(restore_best_weights=True)``, ``ModelCheckpoint``,
+``TensorBoard``) and `fit` returns its ``History``.
+
+With ``fit`` on the main thread, the first Ctrl+C means ``stop`` and a
+second raises ``KeyboardInterrupt`` as usual. The batch hook costs a flag
+check unless a command waits.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+
+from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
+from ..boundary.tunables import check_user_tunables
+from ..job import Job, current_job
+from ..protocol import Command, Request, RunState, final_state
+from ..run import RunLifecycle
+from .session import FitSession
+
+__all__ = ["ControlCallback"]
+
+
+class ControlCallback(keras.callbacks.Callback):
+    """Lets a running `fit` be stopped, checkpointed, aborted or paused.
+
+    At train begin the callback lists the run in the registry and opens its
+    command channel (a FIFO); at each batch boundary it applies waiting
+    commands (see `protocol.COMMAND_HELP`); at train end it records the
+    final state and closes the channel. An instance can be reused for
+    several `fit` calls.
+
+    Args:
+        name: The run's name, unique among live runs: 1-64 letters, digits,
+            ``.``, ``_`` or ``-``. Defaults to the first free ``run-N``.
+        checkpoint_dir: Folder for checkpoints. Defaults to
+            ``checkpoints/NAME`` in the current directory.
+        keep: How many of the newest checkpoints to keep. Defaults to 3.
+        resume: Load the newest checkpoint of this run's name in
+            `checkpoint_dir` that loads before the first batch, and continue
+            at its epoch and batch. Broken ones are skipped, and said so;
+            with none, training starts from scratch (and says so). Defaults
+            to False.
+        handle_sigint: When `fit` runs on the main thread, make the first
+            Ctrl+C a graceful stop. Defaults to True.
+        verbose: Print one line when the run starts, resumes or ends, and
+            for every checkpoint. Defaults to True.
+        lifecycle: An open `run.RunLifecycle` to use instead of creating
+            one (used by `%%interruptible_fit`, where one run spans the whole
+            cell). The callback then neither opens nor closes it.
+        channel_kind: ``"fifo"`` or ``"spool"``. Defaults to ``"fifo"``
+            where the platform has FIFOs.
+        save_in_background: Hold training only while the variables are
+            copied to host memory, and write ``save`` checkpoints on a
+            writer thread (one at a time; saves asked for meanwhile are
+            merged into the next). Costs one host copy of the model's and
+            optimizer's variables, kept from the first ``save`` to the end
+            of `fit` and reused by each save. False: write on the training
+            thread (no copy). Defaults to True. A job's saves (`job`) are
+            always written on the training thread: every process takes each
+            one at the agreed step, in step with process 0's write.
+        tunables: Names to Keras variables the model reads (a dropout
+            rate, a loss weight) that ``set NAME=VALUE`` may change, next to
+            the optimizer's hyperparameters. Defaults to none.
+        on_nan: What a batch whose loss is not finite does: ``"stop"``
+            (end `fit` without a checkpoint: the newest one stays the last
+            finite one), ``"rollback"`` (load the newest checkpoint, halve
+            the learning rate, go on; at most `nan_rollbacks` times, then
+            stop) or ``"ignore"``. Whatever the policy, no checkpoint of
+            non-finite weights is ever written. Defaults to ``"stop"``.
+        nan_rollbacks: Rollbacks ``on_nan="rollback"`` makes in one `fit`
+            before it stops. Defaults to 3.
+
+    Example:
+
+    >>> callback = ControlCallback(name="demo", checkpoint_dir="ckpt")   # doctest: +SKIP
+    >>> history = model.fit(x, y, epochs=10, callbacks=[callback])       # doctest: +SKIP
+    >>> callback.state, callback.checkpoints                              # doctest: +SKIP
+    ('stopped', [PosixPath('ckpt/ckpt-000001-epoch0004-step000012.keras')])
+    """
+
+    #: Not async-safe, on purpose. On backends Keras marks thread-safe (JAX,
+    #: torch), `fit` runs the batch-end hooks on a thread pool while the next
+    #: step trains, unless a callback that overrides them says otherwise; ours
+    #: does, so the whole callback list is called on the training thread, as
+    #: on TensorFlow. A command must act between two steps: ``stop`` sets
+    #: ``stop_training`` after step N, which the trainer checks right after
+    #: this hook (from the pool it would stop after N+1 or N+2); a checkpoint
+    #: reads the variables of step N (from the pool it would race with step
+    #: N+1, and on JAX with the trainer taking its state back out of the
+    #: model); ``pause`` holds the training thread itself. The hook costs a
+    #: flag check; what the synchronous calls cost is measured per backend by
+    #: ``benchmarks/overhead.py`` (the "no-op batch hook" variant).
+    async_safe = False
+
+    def __init__(
+        self,
+        name: str | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        keep: int = 3,
+        resume: bool = False,
+        *,
+        handle_sigint: bool = True,
+        verbose: bool = True,
+        lifecycle: RunLifecycle | None = None,
+        channel_kind: str | None = None,
+        save_in_background: bool = True,
+        tunables: dict | None = None,
+        on_nan: str = "stop",
+        nan_rollbacks: int = DEFAULT_MAX_ROLLBACKS,
+        job: Job | bool | None = None,
+    ):
+        super().__init__()
+        # A multi-process JAX job: commands agreed across its processes.
+        self.job = current_job() if job is None or job is True else (job or None)
+        self.tunables = check_user_tunables(tunables)
+        self.on_nan = check_policy(on_nan, nan_rollbacks)
+        self.nan_rollbacks = nan_rollbacks
+        self.resume = bool(resume)
+        self.handle_sigint = handle_sigint
+        self.verbose = verbose
+        self.save_in_background = bool(save_in_background)
+        self.owns_lifecycle = lifecycle is None
+        self.lifecycle = lifecycle or RunLifecycle(
+            name, checkpoint_dir, keep, channel_kind=channel_kind, registry=self.job.registry() if self.job else None
+        )
+        self._session: FitSession | None = None  # the fit in progress, or the last one
+
+    # Public view ---------------------------------------------------------
+
+    @property
+    def name(self) -> str | None:
+        """The run's name (known once training has begun, if defaulted)."""
+        return self.lifecycle.name
+
+    @property
+    def state(self) -> RunState:
+        """The run's state: ``starting`` ... ``stopped``, ``finished``, ..."""
+        return self.lifecycle.state
+
+    @property
+    def checkpoints(self) -> list:
+        """Paths of the run's complete checkpoints, oldest first."""
+        return self.lifecycle.checkpoint_paths()
+
+    @property
+    def fifo(self) -> str | None:
+        """Where to write commands while the run listens."""
+        return self.lifecycle.address
+
+    @property
+    def session(self) -> FitSession | None:
+        """The parts of the `fit` in progress (or of the last one)."""
+        return self._session
+
+    @property
+    def ended_by(self) -> Command | None:
+        """``stop`` or ``abort`` if that command ended the last (or current) `fit`."""
+        session = self._session
+        return session.actions.ended_by if session is not None and session.actions is not None else None
+
+    def send(self, command: str | Command | Request, sender: str | None = "notebook") -> Request:
+        """Sends a command to the run (from any thread), like any writer."""
+        return self.lifecycle.send(command, sender=sender)
+
+    def note_interrupt(self) -> None:
+        """Marks the next stop as caused by an interrupt (its checkpoint's
+        reason becomes ``interrupt``). Safe from any thread."""
+        if self._session is not None:
+            self._session.note_interrupt()
+
+    # Keras hooks ---------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        previous = self._session
+        if previous is not None and not previous.closed:
+            previous.close(RunState.FAILED, "A new fit began before the previous one ended.")
+        self._session = FitSession(self, self.model, self.params)
+        self._session.open()
+        self._session.start()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        session = self._session
+        session.epoch_began(epoch)
+        session.actions.apply_pending(mid_epoch=False)
+
+    def on_train_batch_end(self, batch, logs=None):
+        # The hot path: plain assignments and one flag check.
+        session = self._session
+        progress = session.progress
+        progress.boundary += 1
+        progress.step = batch + 1
+        if logs:
+            progress.metrics = logs
+        progress.version += 1
+        loss = logs.get("loss") if logs else None
+        session.history.add_loss(loss)
+        if loss is not None and loss - loss != 0:  # NaN or infinite (Keras made it a float already)
+            session.non_finite_loss(loss, batch)
+        if session.actions.pending:
+            session.actions.apply_pending(mid_epoch=True)
+
+    def on_test_batch_end(self, batch, logs=None):
+        # Validation inside fit: commands act now, not only after it.
+        session = self._session
+        if session is not None and not session.closed:
+            session.progress.in_validation = True
+            session.actions.apply_pending(mid_epoch=False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        session = self._session
+        session.epoch_ended(epoch, logs)
+        session.actions.apply_pending(mid_epoch=False)
+
+    def on_train_end(self, logs=None):
+        self._session.close(final_state(self.ended_by))

@@ -1,0 +1,190 @@
+"""The random state that decides a run's future, captured into checkpoints and restored.
+
+A seeded run (``keras.utils.set_random_seed``) is deterministic only if a
+resumed run draws the same random numbers from the same point on. A
+checkpoint therefore carries, in its sidecar's ``resume_state`` field:
+
+- ``epoch_start``: Python's and numpy's global random state and the
+  backend's global generator (torch), as they were when the epoch in
+  progress began. With numpy input and ``shuffle=True``, the JAX and torch
+  backends draw the epoch's order from these right after the epoch begins,
+  so restoring them before the resumed epoch rebuilds that order; the
+  batches already trained are then skipped (`batch_skipper.BatchSkipper`).
+- ``now``: the same global states at the checkpoint's boundary, put back
+  once the resumed epoch's already-trained batches are skipped.
+- ``seed_generators``: the state of Keras's `SeedGenerator`s at the
+  checkpoint's boundary: every one of the model's layers (dropout, noise)
+  and the global one (`keras.random` ops without a seed).
+
+Version 1 of the field: ``{"version": 1, "epoch": E, "epoch_start":
+{"python": [...], "numpy": [...], "torch": "base64"}, "now": (the same),
+"seed_generators":
+{"model": [[int, ...], ...], "global": [int, ...] or null}}``. A field that
+is missing, of another version or malformed makes the resume inexact, and
+the resume says so.
+
+What is not covered: a `tf.data` pipeline's own shuffle state (it depends on
+how many iterators of it were opened), an unseeded shuffle, a plain Python
+generator, and random state that user code keeps elsewhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+from typing import Any
+
+__all__ = ["RESUME_STATE_VERSION", "capture_epoch_start", "capture", "restore", "restore_now"]
+
+RESUME_STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
+
+
+def capture_epoch_start() -> dict[str, Any]:
+    """The global random states as an epoch begins (cheap: a few KB)."""
+    import numpy as np
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, _packed(np.array(internal, dtype=np.uint32)), gauss],
+        "numpy": [kind, _packed(keys.astype(np.uint32)), int(pos), int(has_gauss), float(cached)],
+    }
+    torch_state = _torch_state()
+    if torch_state is not None:
+        state["torch"] = torch_state
+    return state
+
+
+def capture(model, epoch: int, epoch_start: dict[str, Any] | None,
+            data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``resume_state`` of a checkpoint taken now (on the training
+    thread, the model's state synced at this boundary).
+
+    Args:
+        model: The model being trained.
+        epoch: The epoch a resume continues in (`TrainingPosition.resume_epoch`).
+        epoch_start: `capture_epoch_start` as that epoch began, or None if
+            it has not begun (the checkpoint ends an epoch): then the state
+            now is that start.
+        data: `data_order.DataOrder.state` for that epoch, or None.
+    """
+    if epoch_start is None:
+        epoch_start = capture_epoch_start()
+    return {
+        "version": RESUME_STATE_VERSION,
+        "epoch": epoch,
+        "epoch_start": epoch_start,
+        "now": capture_epoch_start(),
+        "seed_generators": {
+            "model": [_ints(sg.state) for sg in _seed_generators(model)],
+            "global": _global_state(),
+        },
+        "data": data,
+    }
+
+
+def restore(model, state: Any, epoch: int) -> str | None:
+    """Puts back the random state of a checkpoint for a resume at `epoch`.
+
+    Returns:
+        None if everything was restored, else one sentence saying what was
+        not (and so what may differ from an uninterrupted run).
+    """
+    if not isinstance(state, dict) or state.get("version") not in _READABLE_VERSIONS:
+        return "the checkpoint holds no random state (an older one): shuffling and dropout may differ from an uninterrupted run"
+    try:
+        generators = state["seed_generators"]
+        model_generators = _seed_generators(model)
+        if len(generators["model"]) != len(model_generators):
+            return "the model's random generators do not match the checkpoint's: dropout may differ"
+        for sg, values in zip(model_generators, generators["model"]):
+            sg.state.assign(_as_state(values, sg.state))
+        if generators["global"] is not None:
+            from keras.src.random.seed_generator import global_seed_generator
+
+            sg = global_seed_generator()
+            sg.state.assign(_as_state(generators["global"], sg.state))
+        epoch_start = state.get("epoch_start")
+        if state.get("epoch") != epoch or not isinstance(epoch_start, dict):
+            return "the checkpoint holds no random state for this epoch's start: its data order may differ"
+        _restore_epoch_start(epoch_start)
+    except (KeyError, TypeError, ValueError) as error:
+        return f"the checkpoint's random state could not be restored ({error}): the data order may differ"
+    return None
+
+
+def restore_now(state: Any) -> None:
+    """Puts back the global random states as they were at the checkpoint's
+    boundary: called once the already-trained batches of the resumed epoch
+    were skipped (torch's unseeded dropout draws from its global generator)."""
+    if isinstance(state, dict) and isinstance(state.get("now"), dict):
+        _restore_epoch_start(state["now"])
+
+
+def _restore_epoch_start(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(int(v) for v in _unpacked(internal)), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, _unpacked(keys), pos, has_gauss, cached))
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+
+
+def _packed(words) -> str:
+    return base64.b64encode(words.tobytes()).decode("ascii")
+
+
+def _unpacked(words):
+    """uint32 words from `_packed` text, or from a list of numbers (version 1)."""
+    import numpy as np
+
+    if isinstance(words, str):
+        return np.frombuffer(base64.b64decode(words), dtype=np.uint32).copy()
+    return np.array(words, dtype=np.uint32)
+
+
+def _torch_state() -> str | None:
+    import keras
+
+    if keras.backend.backend() != "torch":
+        return None
+    import torch
+
+    return base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")
+
+
+def _seed_generators(model) -> list:
+    found, seen = [], set()
+    for layer in [model, *model._flatten_layers(include_self=False)]:
+        for sg in getattr(layer, "_seed_generators", []) or []:
+            if id(sg) not in seen:
+                seen.add(id(sg))
+                found.append(sg)
+    return found
+
+
+def _global_state() -> list[int] | None:
+    from keras.src.backend.common import global_state
+
+    sg = global_state.get_global_attribute("global_seed_generator")
+    return None if sg is None else _ints(sg.state)
+
+
+def _ints(variable) -> list[int]:
+    import keras
+
+    return [int(v) for v in keras.ops.convert_to_numpy(variable).reshape(-1)]
+
+
+def _as_state(values, variable):
+    import numpy as np
+
+    import keras
+
+    current = keras.ops.convert_to_numpy(variable)
+    return np.array(values, dtype=current.dtype).reshape(current.shape)

@@ -1,0 +1,144 @@
+"""Resuming a run from its latest checkpoint, in the epoch and at the batch it left.
+
+`resume_from_latest` loads the newest checkpoint of a store into the model
+(weights and optimizer state), makes `fit` start at the checkpoint's epoch,
+and, for a checkpoint taken in the middle of an epoch, skips the batches
+already trained (`batch_skipper.BatchSkipper`). What it changes in the
+model is undone by `Resumption.undo` when `fit` ends.
+
+Before that, the resume rebuilds the epoch's data order: the data's own
+state is replayed (`data_order.DataOrder`: iterators of a `tf.data`
+pipeline, a `PyDataset`'s epoch hooks), then the global random state as of
+the epoch's start is put back (`random_state`), and, for a checkpoint taken
+right after an epoch's last batch, what Keras does before the next epoch is
+replayed. A seeded run so continues with the same batches in the same order
+as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ...checkpoint import CheckpointStore, SkippedCheckpoint
+from ...state import KerasState, optimizer_step
+from . import random_state
+from .batch_skipper import BatchSkipper, can_skip_batches
+from .data_order import DataOrder
+
+__all__ = ["Resumption", "resume_from_latest"]
+
+
+class Resumption:
+    """What a resume changed in a model, and the sentence that tells it.
+
+    Attributes:
+        epoch: The zero-based epoch `fit` continues in.
+        message: One line for the run's log (where it resumed, or that
+            there was nothing to resume from).
+        resumed: True if a checkpoint was loaded.
+        checkpoint: The checkpoint loaded, or None.
+        differences: Sentences saying what will differ from an
+            uninterrupted run because a data source's position cannot be
+            restored (a Python generator, an unseeded shuffle); empty if
+            none.
+    """
+
+    def __init__(self, model, *, epoch: int = 0, message: str, resumed: bool):
+        self._model = model
+        self.epoch = epoch
+        self.message = message
+        self.resumed = resumed
+        self.checkpoint = None
+        self.differences: list[str] = []
+        self._saved_initial_epoch: tuple[Any] | None = None
+        self._skipper: BatchSkipper | None = None
+
+    def undo(self) -> None:
+        """Puts back the model's train function and initial epoch. Idempotent."""
+        if self._skipper is not None:
+            self._skipper.uninstall()
+            self._skipper = None
+        if self._saved_initial_epoch is not None:
+            self._model._initial_epoch = self._saved_initial_epoch[0]
+            self._saved_initial_epoch = None
+
+
+def resume_from_latest(
+    model, store: CheckpointStore, on_skip: Callable[[SkippedCheckpoint], None] | None = None,
+    data_order: DataOrder | None = None,
+) -> Resumption:
+    """Loads the newest checkpoint of `store` that loads into `model`, and
+    positions `fit` there.
+
+    Call it from ``on_train_begin``. Keras reads the private
+    ``model._initial_epoch`` to know where to start (as `BackupAndRestore`
+    does); the returned `Resumption` puts the old value back.
+
+    Args:
+        model: The model being trained, built and compiled.
+        store: The run's checkpoints.
+        on_skip: Called for each newer checkpoint that did not load, with
+            which and why.
+        data_order: The fit's `DataOrder`, counting already: its counts in
+            the checkpoint are replayed (tf.data iterators, a PyDataset's
+            epoch hooks) before the first epoch. None: the data's own
+            state is not restored (and the resume says so).
+
+    Returns:
+        The `Resumption` (with nothing changed if no checkpoint loads).
+    """
+    restored = store.restore_latest(KerasState(model).restore, on_skip=on_skip)
+    latest = restored.checkpoint
+    if latest is None:
+        found = f"loads ({len(restored.skipped)} skipped)" if restored.skipped else "yet"
+        return Resumption(model, message=f"No checkpoint in {store.directory} {found}: starting from scratch.", resumed=False)
+    position = latest.position
+    resumption = Resumption(model, epoch=position.resume_epoch, message="", resumed=True)
+    resumption.checkpoint = latest
+    resumption._saved_initial_epoch = (getattr(model, "_initial_epoch", None),)
+    model._initial_epoch = position.resume_epoch
+    skipped = ""
+    if position.resume_step:
+        import keras
+
+        backend = keras.backend.backend()
+        if can_skip_batches(backend):
+            saved_random = latest.info.get("resume_state")
+            resumption._skipper = BatchSkipper(model, position.resume_step, latest.info.get("metrics", {}), backend,
+                                               on_done=lambda: random_state.restore_now(saved_random))
+            resumption._skipper.install()
+            skipped = f", skipping its first {position.resume_step} batches (already trained)"
+        else:
+            skipped = f"; backend {backend!r} repeats its first {position.resume_step} batches"
+    saved = latest.info.get("resume_state")
+    inexact = [reason for reason in _restore_random_and_data(model, saved, position.resume_epoch, data_order) if reason]
+    resumption.message = (
+        f"Resumed from {latest.path}: epoch {position.resume_epoch + 1}{skipped}; "
+        f"optimizer step {optimizer_step(model)}"
+        + (f". Not exact: {'; '.join(inexact)}." if inexact else "; random state and data order restored.")
+    )
+    if data_order is not None:
+        resumption.differences = [f"Resume of {store.directory.name!r} is not exact: {limit}."
+                                  for limit in data_order.limitations()]
+    return resumption
+
+
+def _restore_random_and_data(model, saved: Any, epoch: int, data_order: DataOrder | None) -> list[str | None]:
+    """Puts back what orders the resumed epoch's data, in the order the
+    uninterrupted run reached it: the data sources' own state first (a
+    PyDataset's hooks may draw from the global state, which is then set),
+    the global random state as of the epoch's start, and, for a checkpoint
+    right after an epoch's last batch, what Keras does before the next
+    epoch (it draws from the global state too: torch's data loader)."""
+    data = saved.get("data") if isinstance(saved, dict) else None
+    reasons: list[str | None] = []
+    if data_order is None:
+        reasons.append("the training data was not found in the running fit: its own order is not restored")
+    elif data is not None or isinstance(saved, dict) and saved.get("version") == random_state.RESUME_STATE_VERSION:
+        reasons.append(data_order.replay(data))
+    reasons.append(random_state.restore(model, saved, epoch))
+    if data_order is not None and isinstance(data, dict):
+        if data.get("tail") is True:
+            data_order.replay_epoch_end()
+        data_order.replay_loader_draws(data)
+    return reasons

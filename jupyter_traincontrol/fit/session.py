@@ -1,0 +1,308 @@
+"""One `fit` under control: every part it holds, opened at train begin, closed once.
+
+`FitSession` is the per-fit state of a `ControlCallback`: the run (claimed,
+listening), the counters of the fit, the commands' actions, saves and
+steering, the NaN policy, the job (several processes), the data-order
+counts and the resume, the Ctrl+C guard, the watchdog that notices a `fit`
+that raised. Each part is pushed on one `contextlib.ExitStack` as it opens,
+so `close` unwinds them in reverse, once, whatever thread ends the fit (the
+training thread at train end, the publisher's watchdog tick when `fit`
+raised, a job's watcher when a process was lost, or exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
+
+from ..boundary.actions import CommandActions
+from ..boundary.nan_policy import NanPolicy
+from ..boundary.progress import TrainingProgress
+from ..boundary.saves import SaveScheduler
+from ..boundary.steering import Steering
+from ..boundary.tunables import Tunables
+from ..checkpoint import SkippedCheckpoint, TrainingPosition
+from ..protocol import Command, RunState
+from ..run import RunLifecycle
+from ..state import KerasState
+from . import watchdog
+from .resume import random_state
+from .resume.batch_skipper import rebuild_train_function
+from .resume.data_order import DataOrder
+from .resume.resumption import Resumption, resume_from_latest
+from .sigint import SigintGuard
+from .watchdog import FitWatchdog
+
+if TYPE_CHECKING:
+    from ..job import Job
+
+__all__ = ["FitSession", "FitSettings"]
+
+
+class FitSettings(Protocol):
+    """What a session reads of its callback (`ControlCallback`'s settings)."""
+
+    lifecycle: RunLifecycle
+    owns_lifecycle: bool
+    job: "Job | None"
+    resume: bool
+    handle_sigint: bool
+    verbose: bool
+    save_in_background: bool
+    tunables: Mapping[str, Any]
+    on_nan: str
+    nan_rollbacks: int
+
+
+class FitSession:
+    """The parts of one `fit` under control.
+
+    Args:
+        callback: The `ControlCallback` (its settings, its run, its job).
+        model: The model `fit` trains.
+        params: Keras's ``callback.params`` (``epochs``, ``steps``).
+    """
+
+    def __init__(self, callback: FitSettings, model, params: dict[str, Any]):
+        self.callback = callback
+        self.model = model
+        self.run: RunLifecycle = callback.lifecycle
+        self.job: Job | None = callback.job
+        self.progress = TrainingProgress()
+        self.progress.epochs = params.get("epochs")
+        self.progress.steps = params.get("steps")
+        self.trained = KerasState(model)
+        self.actions: CommandActions | None = None
+        self.steering: Steering | None = None
+        self.nan_policy: NanPolicy | None = None
+        self.data_order: DataOrder | None = None
+        self.resumption: Resumption | None = None
+        self.random_at_epoch_start: dict | None = None  # `random_state.capture_epoch_start` of the epoch in progress
+        self.lost_because: str | None = None  # why `fit` left without on_train_end, if known
+        self.final_state = RunState.FAILED
+        self.error: str | None = None
+        self._stack = contextlib.ExitStack()
+        self._closing = False
+        self._closing_lock = threading.Lock()
+
+    @property
+    def history(self):
+        """The run's history (loss per batch, each epoch's logs)."""
+        return self.run.history
+
+    # Opening -------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Opens every part (in ``on_train_begin``, on the training thread).
+
+        Raises:
+            Whatever a part raises (a folder another run holds, a checkpoint
+            that cannot be read): the parts opened so far are closed first
+            and the run ends ``failed``.
+        """
+        try:
+            self._open_run()
+            self._open_parts()
+        except BaseException as error:
+            self.close(RunState.FAILED, f"Could not start: {error}")
+            raise
+
+    def _open_run(self) -> None:
+        run, callback, stack = self.run, self.callback, self._stack
+        if callback.owns_lifecycle:
+            watchdog.check_all()  # a run of this process whose fit raised ends now, before a new one claims a name
+            if self.job is not None:
+                self.job.begin(run)
+            run.open()
+            stack.callback(self._close_run)
+        elif not run.is_open:
+            raise RuntimeError(f"The RunLifecycle given for run {run.name!r} is not open.")
+        else:
+            stack.callback(self._log_error)
+        run.follow(self.progress)
+        stack.callback(run.unfollow)
+        fit_watchdog = FitWatchdog(self.model, self._on_fit_lost)
+        run.publisher.add_tick_hook(fit_watchdog.check)
+        stack.callback(run.publisher.remove_tick_hook, fit_watchdog.check)
+        self._watchdog = fit_watchdog
+
+    def _open_parts(self) -> None:
+        run, callback, stack, model, progress = self.run, self.callback, self._stack, self.model, self.progress
+        job = self.job
+        store = job.store(run.store, model) if job is not None else run.store
+        # A job's processes save in step (process 0 writes, the others take part in
+        # the collectives of the serialization and wait): on the training thread.
+        saves = SaveScheduler(self.trained, run, progress, self.say, background=callback.save_in_background and job is None,
+                              resume_state=self._resume_state, store=store)
+        tunables = Tunables(model, callback.tunables, rebuild=lambda: rebuild_train_function(model))
+        self.steering = steering = Steering(self.trained, tunables, run, progress, self.say,
+                                            history=lambda: getattr(model, "history", None))
+        steering.wait_for_saves = saves.wait_for_writes
+        saves.policy = steering
+        channel = run.channel
+        if job is not None:  # commands of a multi-process job: proposed to all, applied by all at one step
+            job.opened(run, progress, self._watchdog, lambda message: self.close(RunState.FAILED, message), model)
+            stack.callback(self._leave_job)
+            channel = job.channel(channel, progress)
+        self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end_fit, self.say, steering)
+        self.nan_policy = NanPolicy(callback.on_nan, steering, self.actions.stop_without_checkpoint, self.say,
+                                    callback.nan_rollbacks)
+        self.data_order = DataOrder.find()  # counts what orders the data (exact resume)
+        if self.data_order is not None:
+            self.data_order.attach()
+            stack.callback(self.data_order.detach)
+        store.acquire()  # checked and locked before the first step
+        stack.callback(store.release)
+        stack.callback(self.actions.detach)  # the saves end while the folder is still held
+        if callback.resume:
+            self._resume(store)
+        steering.begin(self.resumption.checkpoint if self.resumption is not None else None)
+        if callback.handle_sigint:
+            guard = SigintGuard(self._on_first_sigint, self._on_second_sigint)
+            guard.install()
+            stack.callback(guard.retire)
+
+    def start(self) -> None:
+        """After `open`: the run trains (or stops at once, if it was told to)."""
+        run = self.run
+        if run.state == RunState.STARTING:
+            run.move_to(RunState.RUNNING)
+        if self.callback.owns_lifecycle:
+            self.say(f"Run {run.name!r} is listening: `jupyter-traincontrol send {run.name} stop` or "
+                     f"`echo stop > {run.address}`.")
+        if run.state == RunState.STOPPING:  # the run was stopped before this fit
+            self.model.stop_training = True
+        else:  # commands sent while no fit ran act before the first batch
+            self.actions.apply_pending(mid_epoch=False)
+
+    def _resume(self, store) -> None:
+        run = self.run
+        self.resumption = resume_from_latest(self.model, store, on_skip=self._report_skipped, data_order=self.data_order)
+        self._stack.callback(self.resumption.undo)
+        self.progress.epoch = self.resumption.epoch
+        self.progress.global_step = self.trained.step()
+        run.journal.log("info", self.resumption.message)
+        self.say(self.resumption.message)
+        for difference in self.resumption.differences:  # said once, at resume; a warning reaches
+            run.journal.log("warning", difference)       # stderr through `logging` even when not verbose
+
+    def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
+        message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
+        self.run.journal.log("warning", message)
+        self.say(message, stream=sys.stderr)
+
+    # At boundaries ---------------------------------------------------------------
+
+    def _end_fit(self) -> None:
+        self.model.stop_training = True
+
+    def _resume_state(self, position: TrainingPosition) -> dict:
+        """What a checkpoint at `position` keeps for an exact resume (`random_state`)."""
+        progress = self.progress
+        in_epoch = position.resume_epoch == progress.epoch
+        started = self.random_at_epoch_start if in_epoch else None
+        data = None
+        if self.data_order is not None:  # after an epoch's last batch, Keras still opens the next epoch's data
+            data = self.data_order.state(at_epoch_start=in_epoch, tail=progress.mid_epoch and position.epoch_complete,
+                                         epoch=progress.epoch, in_validation=progress.in_validation)
+        return random_state.capture(self.model, position.resume_epoch, started, data)
+
+    def epoch_began(self, epoch: int) -> None:
+        """``on_epoch_begin``: the counters, and what orders this epoch's data."""
+        progress = self.progress
+        progress.epoch, progress.step, progress.stopped_mid_epoch, progress.epoch_begun = epoch, 0, False, True
+        progress.version += 1
+        self.random_at_epoch_start = random_state.capture_epoch_start()
+        if self.data_order is not None:
+            self.data_order.epoch_began()
+
+    def epoch_ended(self, epoch: int, logs: dict | None) -> None:
+        """``on_epoch_end``: the epoch's logs (with the steered values) into the history."""
+        progress = self.progress
+        progress.in_validation = False
+        if progress.steps is None and not progress.stopped_mid_epoch:
+            progress.steps = progress.step  # learned from the first full epoch
+        if logs is not None:
+            self.steering.add_to_logs(logs)  # as ReduceLROnPlateau does: History keeps them
+        self.history.record_epoch(epoch, logs)
+        if logs:
+            progress.metrics = dict(logs)
+        progress.version += 1
+
+    def non_finite_loss(self, loss, batch: int) -> None:
+        """A batch's loss was NaN or infinite: the NaN policy acts."""
+        if not self._closing:
+            self.nan_policy.on_non_finite(loss, self.progress.epoch, batch)
+
+    # Interrupts --------------------------------------------------------------------
+
+    def note_interrupt(self) -> None:
+        """The next stop is an interrupt's (its checkpoint's reason). Any thread."""
+        if self.actions is not None:
+            self.actions.interrupted = True
+
+    def _on_first_sigint(self) -> None:
+        # In a signal handler: no printing through sys.stdout (not reentrant).
+        self.note_interrupt()
+        try:
+            self.run.send(Command.STOP, sender="sigint")
+        except Exception:  # the run ended meanwhile: nothing to stop
+            pass
+        _write_stderr("\n[traincontrol] Ctrl+C: stopping after this batch, with a checkpoint. "
+                      "Press Ctrl+C again to interrupt at once.\n")
+
+    def _on_second_sigint(self) -> None:
+        # In a signal handler, on the main thread, which may hold any lock (a
+        # record write, a save): ending the run here could wait on a thread that
+        # waits on that lock. Only note why; the `KeyboardInterrupt` that follows
+        # leaves `fit`, and the watchdog ends the run from the publisher thread.
+        self.lost_because = "KeyboardInterrupt: a second Ctrl+C interrupted fit."
+
+    # Closing -------------------------------------------------------------------------
+
+    def _on_fit_lost(self) -> None:
+        self.close(RunState.FAILED, self.lost_because or "fit raised an exception; on_train_end never ran.")
+
+    def _leave_job(self) -> None:
+        """Leaves the job; the error recorded is led by a lost process, if any."""
+        self.error = self.job.end(self.final_state, self.error)
+        for request in self.job.undelivered():
+            self.run.journal.acknowledge(request, "ignored", "fit ended before the step the job agreed on")
+
+    def _close_run(self) -> None:
+        self.run.close(self.final_state, self.error)
+        self.say(f"Run {self.run.name!r} {self.final_state}.")
+
+    def _log_error(self) -> None:
+        if self.error is not None:  # the run goes on after this fit (a notebook cell's): its log says why
+            self.run.journal.log("error", self.error)
+
+    def close(self, final_state: RunState, error: str | None = None) -> None:
+        """Ends the fit's run in `final_state`: every part closes, in reverse
+        order of opening. Once; from any thread (a second caller returns at once)."""
+        with self._closing_lock:
+            if self._closing:
+                return
+            self._closing = True
+        self.final_state, self.error = final_state, error
+        self._stack.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once `close` began."""
+        return self._closing
+
+    def say(self, message: str, stream=None) -> None:
+        """One line for the user, unless the callback is quiet."""
+        if self.callback.verbose:
+            print(f"[traincontrol] {message}", file=stream or sys.stdout, flush=True)
+
+
+def _write_stderr(text: str) -> None:
+    try:
+        os.write(2, text.encode("utf-8", "replace"))
+    except OSError:
+        pass

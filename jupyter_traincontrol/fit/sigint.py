@@ -1,0 +1,75 @@
+"""Ctrl+C in a plain script: the first press stops gracefully, the second raises.
+
+`SigintGuard` is installed by `ControlCallback` (and `TrainLoop`) when
+training runs on the main thread, and retired when it ends. The first
+SIGINT only calls a function that asks the run to stop (safe in a signal
+handler: no locks, no I/O that can block); a second SIGINT hands the
+signal to the previous handler, which for Python's default handler raises
+`KeyboardInterrupt` as usual.
+
+A run that ends off the main thread (its `fit` raised, and the run's own
+thread noticed) retires its guard (`system.signals.ChainedHandler`): the
+guard turns inert at once and asks the main thread to run it
+(``_thread.interrupt_main``: no signal is sent to the process, no system
+call is interrupted, and it is asked only while the guard is still the
+installed handler); run there, it puts the previous handler back and does
+nothing else. A real Ctrl+C that comes first is handed on to the previous
+handler, as without us.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+from typing import Callable
+
+from ..system.signals import ChainedHandler
+
+__all__ = ["SigintGuard"]
+
+
+class SigintGuard(ChainedHandler):
+    """Swaps in a SIGINT handler for the life of a run, and restores it.
+
+    Args:
+        on_first: Called (on the main thread) for the first SIGINT.
+        on_second: Called just before the second SIGINT is handed to the
+            previous handler, for cleanup.
+    """
+
+    signum = signal.SIGINT
+
+    def __init__(self, on_first: Callable[[], None], on_second: Callable[[], None] | None = None):
+        super().__init__()
+        self._on_first = on_first
+        self._on_second = on_second or (lambda: None)
+        self._restore_asked = False
+        self.count = 0
+
+    def _installing(self) -> None:
+        self.count = 0
+
+    def _retired_off_main_thread(self) -> None:
+        if signal.getsignal(signal.SIGINT) == self._handle:
+            self._restore_asked = True
+            _thread.interrupt_main(signal.SIGINT)
+
+    def _after_retirement(self, signum, frame) -> None:
+        if self._restore_asked:  # our own request (`retire`): only restore
+            self._restore_asked = False
+            self.uninstall()
+        else:  # the run is over: this SIGINT is the user's, as without us
+            self.pass_on(signum, frame)
+
+    def handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            self._on_first()
+            return
+        try:
+            self._on_second()
+        finally:
+            self.pass_on(signum, frame)
+
+    def default_action(self, signum, frame) -> None:
+        raise KeyboardInterrupt  # what Python's own handler would do

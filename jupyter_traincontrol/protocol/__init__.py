@@ -1,0 +1,24 @@
+"""The protocol: pure vocabulary and formats, no I/O.
+
+- `commands`: the command words, their help, and the request grammar.
+- `states`: run states, which commands make sense in each, the transitions.
+- `framing`: a byte stream into request lines.
+- `record`: the fields of a run record, for its writer and its readers.
+- `values`: numbers as JSON carries them (NaN as null).
+
+Every other layer builds on this one; it imports nothing of the package.
+"""
+
+from .commands import (COMMAND_HELP, COMMAND_NAMES, MAX_ROLLBACK_DEPTH, TUNABLE_ALIASES, Command, Request,
+                       UnknownCommandError, assignments, parse_command, parse_request, rollback_depth, shorten,
+                       validate_tunable_name)
+from .framing import MAX_LINE_BYTES, LineDecoder, Rejected
+from .states import (ACTIVE_STATES, FINAL_STATES, TRANSITIONS, InvalidTransitionError, RunState, allowed_commands,
+                     as_state, final_state)
+
+__all__ = [
+    "ACTIVE_STATES", "COMMAND_HELP", "COMMAND_NAMES", "Command", "FINAL_STATES", "InvalidTransitionError",
+    "LineDecoder", "MAX_LINE_BYTES", "MAX_ROLLBACK_DEPTH", "Rejected", "Request", "RunState", "TRANSITIONS",
+    "TUNABLE_ALIASES", "UnknownCommandError", "allowed_commands", "as_state", "assignments", "final_state",
+    "parse_command", "parse_request", "rollback_depth", "shorten", "validate_tunable_name",
+]

@@ -1,0 +1,266 @@
+"""The command words: what may be said to a training run, and how a request is written.
+
+This is the one place that knows the command words and what each one does
+(the help table the CLI, the notebook panel and the REST API show), and the
+grammar of a request line: ``WORD [ARGUMENT ...] [#ID]``, for example
+``stop``, ``set lr=1e-4`` or ``save #k3x9``. Pure: it parses and validates,
+and does no I/O. `framing` splits a byte stream into such lines; `states`
+says which commands make sense in which run state.
+
+Example:
+
+>>> parse_request("set lr=1e-4 #a1")
+Request(command=<Command.SET: 'set'>, args=('learning_rate=0.0001',), request_id='a1')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import re
+
+__all__ = [
+    "Command",
+    "COMMAND_NAMES",
+    "COMMAND_HELP",
+    "UnknownCommandError",
+    "Request",
+    "parse_command",
+    "parse_request",
+    "shorten",
+    "TUNABLE_ALIASES",
+    "MAX_ROLLBACK_DEPTH",
+    "assignments",
+    "rollback_depth",
+    "validate_tunable_name",
+]
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+
+class Command(str, enum.Enum):
+    """A command a training run obeys at its next batch boundary."""
+
+    STOP = "stop"
+    """Write a checkpoint, then end `fit` gracefully."""
+    SAVE = "save"
+    """Write a checkpoint; training goes on."""
+    ABORT = "abort"
+    """End `fit` gracefully without writing a checkpoint."""
+    PAUSE = "pause"
+    """Hold the training thread until `resume`, `stop` or `abort`."""
+    RESUME = "resume"
+    """Let a paused run go on."""
+    SET = "set"
+    """Change optimizer hyperparameters or user tunables (``set lr=1e-4``);
+    without arguments, report their values."""
+    ROLLBACK = "rollback"
+    """Load the run's N-th newest checkpoint (``rollback [N]``) into the live
+    model and optimizer, and train on from there."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def encode_line(self) -> bytes:
+        """Returns the command as one line of the wire format."""
+        return self.value.encode("ascii") + b"\n"
+
+
+COMMAND_NAMES = tuple(command.value for command in Command)
+
+#: What each command does, in one line: the help of the CLI, the panel's
+#: tooltips and the REST API's ``GET commands`` (which the side panel shows).
+COMMAND_HELP: dict[Command, str] = {
+    Command.STOP: "write a checkpoint, then end fit gracefully",
+    Command.SAVE: "write a checkpoint; training goes on",
+    Command.ABORT: "end fit gracefully, without a checkpoint",
+    Command.PAUSE: "hold the training thread (save, stop and abort still act)",
+    Command.RESUME: "let a paused run go on",
+    Command.SET: "set KEY=VALUE ...: change the learning rate (lr), other optimizer hyperparameters or "
+    "exposed tunables at the next batch; alone: show them",
+    Command.ROLLBACK: "rollback [N]: load the N-th newest checkpoint (default 1) into the live model and train on",
+}
+
+#: The optimizer hyperparameters `set` knows (where the optimizer has them).
+#: Short names `set` accepts for them.
+TUNABLE_ALIASES = {"lr": "learning_rate"}
+#: The deepest `rollback N` accepted (a run keeps far fewer checkpoints).
+MAX_ROLLBACK_DEPTH = 1000
+_MAX_ASSIGNMENTS = 16
+_TUNABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_NUMBER = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
+_DEPTH = re.compile(r"^[0-9]{1,4}$")
+
+class UnknownCommandError(ValueError):
+    """Raised for a word that is not one of `COMMAND_NAMES`."""
+
+
+
+def parse_command(text: str | Command) -> Command:
+    """Parses one command word.
+
+    Surrounding whitespace is ignored and case does not matter.
+
+    Args:
+        text: The word, for example ``"stop"`` or ``" Save\\n"``.
+
+    Returns:
+        The matching `Command`.
+
+    Raises:
+        UnknownCommandError: If `text` is not a known command.
+    """
+    if isinstance(text, Command):
+        return text
+    if not isinstance(text, str):
+        raise UnknownCommandError(
+            f"Expected a command as text, got {type(text).__name__}: {shorten(repr(text))}."
+        )
+    word = text.strip().lower()
+    try:
+        return Command(word)
+    except ValueError:
+        raise UnknownCommandError(
+            f"Unknown command {shorten(text.strip())!r}. "
+            f"Expected one of: {', '.join(COMMAND_NAMES)}."
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One command as sent: the command, its arguments, and an optional id.
+
+    On the wire it is one line, ``WORD [ARGUMENT ...] [#ID]``: ``stop``,
+    ``save #k3x9``. A sender that wants to know what became of its command
+    gives it an id; the run acknowledges that id in its record (see
+    `run.journal.Journal.acknowledge`).
+
+    Attributes:
+        command: The command.
+        args: Its arguments: ``KEY=VALUE`` words for ``set`` (canonical:
+            aliases resolved, values as Python writes the number), the depth
+            for ``rollback``; none for the other commands.
+        request_id: 1-32 letters, digits, ``_`` or ``-``; or None.
+    """
+
+    command: Command
+    args: tuple[str, ...] = ()
+    request_id: str | None = None
+
+    def __str__(self) -> str:
+        return " ".join([self.command.value, *self.args])
+
+    def encode_line(self) -> bytes:
+        """The request as one line of the wire format."""
+        tail = f" #{self.request_id}" if self.request_id else ""
+        return f"{self}{tail}\n".encode("utf-8")
+
+
+def parse_request(text: str | Command | Request) -> Request:
+    """Parses one line of the wire format (without its newline).
+
+    Args:
+        text: For example ``"stop"``, ``"save #a1"``, or a `Command`.
+
+    Returns:
+        The `Request`.
+
+    Raises:
+        UnknownCommandError: If the line is not a valid request; the message
+            says what was received and what is expected.
+    """
+    if isinstance(text, Request):
+        return text
+    if isinstance(text, Command):
+        return Request(text)
+    if not isinstance(text, str):
+        parse_command(text)  # raises the error for a non-text command
+    words = text.split()
+    if not words:
+        raise UnknownCommandError(f"Empty command. Expected one of: {', '.join(COMMAND_NAMES)}.")
+    request_id = None
+    if words[-1].startswith("#"):
+        request_id = words.pop()[1:]
+        if not _REQUEST_ID.match(request_id):
+            raise UnknownCommandError(
+                f"Invalid request id {shorten(request_id)!r}: expected 1-32 letters, digits, '_' or '-' after '#'."
+            )
+        if not words:
+            raise UnknownCommandError(f"A request id without a command. Expected one of: {', '.join(COMMAND_NAMES)}.")
+    command = parse_command(words[0])
+    parse_args = _ARGUMENTS.get(command)
+    if parse_args is not None:
+        return Request(command, parse_args(words[1:]), request_id)
+    if len(words) > 1:
+        raise UnknownCommandError(
+            f"'{command}' takes no arguments, got {shorten(' '.join(words[1:]))!r}."
+        )
+    return Request(command, (), request_id)
+
+
+def validate_tunable_name(name: str) -> str:
+    """Checks the name of a value `set` may change; returns it (aliases resolved).
+
+    Raises:
+        UnknownCommandError: If `name` is not 1-64 letters, digits or ``_``
+            (not starting with a digit).
+    """
+    if not isinstance(name, str) or not _TUNABLE_NAME.match(name):
+        raise UnknownCommandError(
+            f"Invalid name {shorten(str(name))!r}: expected 1-64 letters, digits or '_', not starting with a digit."
+        )
+    return TUNABLE_ALIASES.get(name, name)
+
+
+def _set_args(words: list[str]) -> tuple[str, ...]:
+    """``KEY=VALUE`` words, checked and made canonical (``lr=1e-4`` -> ``learning_rate=0.0001``)."""
+    if len(words) > _MAX_ASSIGNMENTS:
+        raise UnknownCommandError(f"'set' takes at most {_MAX_ASSIGNMENTS} KEY=VALUE pairs, got {len(words)}.")
+    canonical: dict[str, float] = {}
+    for word in words:
+        key, equals, text = word.partition("=")
+        if not equals or not key:
+            raise UnknownCommandError(f"'set' takes KEY=VALUE pairs (set lr=1e-4), got {shorten(word)!r}.")
+        key = validate_tunable_name(key)
+        if key in canonical:
+            raise UnknownCommandError(f"'set' got {key!r} twice; give each name once.")
+        canonical[key] = _finite_number(key, text)
+    return tuple(f"{key}={value!r}" for key, value in canonical.items())
+
+
+def _finite_number(key: str, text: str) -> float:
+    value = float(text) if _NUMBER.match(text) else None
+    if value is None or not math.isfinite(value):
+        raise UnknownCommandError(f"'set {key}=' takes a finite number (like 0.001 or 1e-4), got {shorten(text)!r}.")
+    return value
+
+
+def _rollback_args(words: list[str]) -> tuple[str, ...]:
+    if not words:
+        return ()
+    if len(words) > 1 or not _DEPTH.match(words[0]) or not 1 <= int(words[0]) <= MAX_ROLLBACK_DEPTH:
+        raise UnknownCommandError(
+            f"'rollback' takes one optional number N from 1 (the newest checkpoint) to {MAX_ROLLBACK_DEPTH}, "
+            f"got {shorten(' '.join(words))!r}."
+        )
+    return (str(int(words[0])),)
+
+
+_ARGUMENTS = {Command.SET: _set_args, Command.ROLLBACK: _rollback_args}
+
+
+def assignments(request: Request) -> dict[str, float]:
+    """The ``name -> value`` pairs of a parsed ``set`` request, in order."""
+    pairs = (arg.partition("=") for arg in request.args)
+    return {key: float(value) for key, _, value in pairs}
+
+
+def rollback_depth(request: Request) -> int:
+    """N of a parsed ``rollback [N]`` request: 1 is the newest checkpoint."""
+    return int(request.args[0]) if request.args else 1
+
+
+def shorten(text: str, limit: int = 40) -> str:
+    """Outside text as quoted in messages: at most `limit` characters."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,183 @@
+"""A run's private folder in the registry, claimed for its name.
+
+A run folder appears whole, by renaming a prepared one (with its lock link
+and first record) into place, or not at all. A record stays, with its final
+state, while its process lives; `release` removes the folder (keeping its
+last record a while as a tombstone), and every folder this process claimed
+is released when it exits (`release_all`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..protocol import ACTIVE_STATES, FINAL_STATES, RunState, shorten
+from ..system.flock import ProcessLock
+from ..system.private_fs import check_private, ensure_private_dir, open_dir, read_json, write_json_atomic
+from .liveness import LOCK_NAME, folder_is_live, move_away, remove_if_dead, sweep_dead_runs
+from .paths import CLAIM_PREFIX, RECORD_NAME, NameTakenError, registry_root, validate_name
+from .tombstones import keep_tombstone
+
+__all__ = ["RunFolder", "release_all"]
+
+_CLAIM_ATTEMPTS = 5
+
+
+class RunFolder:
+    """The private folder of one run, claimed for its name.
+
+    Use `RunFolder.claim`; `release` gives the name back and removes the
+    folder (only if it is still this run's).
+
+    Attributes:
+        name: The run's name.
+        path: Its folder.
+        run_id: A random id that tells this run from earlier ones of the
+            same name.
+    """
+
+    def __init__(self, name: str, path: Path, run_id: str):
+        self.name = name
+        self.path = path
+        self.run_id = run_id
+        self._released = False
+        self._write_lock = threading.RLock()  # re-entrant: defensive, a signal handler may land mid-write
+        self.dir_fd = -1  # the folder, opened once: writes go through it, not through its path
+
+    @property
+    def record_path(self) -> Path:
+        """The run's JSON record."""
+        return self.path / RECORD_NAME
+
+    @classmethod
+    def claim(cls, name: str, root: Path | None = None, run_id: str | None = None) -> "RunFolder":
+        """Creates the private folder of a new run named `name`, atomically:
+        the folder appears with its lock and first record (state
+        ``starting``), or not at all.
+
+        Args:
+            name: The run's name; see `validate_name`.
+            root: The registry folder. Defaults to `registry_root()`.
+            run_id: The run instance's id. Defaults to a new one.
+
+        Returns:
+            The claimed folder.
+
+        Raises:
+            NameTakenError: If a live run already has this name.
+            UnsafePathError: If the registry or the run's folder is a
+                symlink, someone else's, or not private.
+        """
+        validate_name(name)
+        root = ensure_private_dir(Path(root) if root else registry_root())
+        sweep_dead_runs(root)  # so `echo stop > FIFO` never waits on a dead run's FIFO
+        folder = root / name
+        run_folder = cls(name, folder, run_id or uuid.uuid4().hex)
+        lock = ProcessLock.path_for(root)
+        for _attempt in range(_CLAIM_ATTEMPTS):
+            staging = Path(tempfile.mkdtemp(prefix=CLAIM_PREFIX, dir=root))
+            os.link(lock, staging / LOCK_NAME)
+            write_json_atomic(staging / RECORD_NAME, run_folder._full_record({"state": RunState.STARTING.value}))
+            try:
+                if not os.path.lexists(folder):
+                    os.rename(staging, folder)  # fails if another claim got there first
+                    break
+            except OSError as error:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    move_away(staging)
+                    raise
+            move_away(staging)
+            check_private(folder, os.lstat(folder), kind="dir")
+            _free_name(folder, name)
+        else:
+            raise NameTakenError(f"Could not claim the name {name!r}: other processes keep taking it.")
+        run_folder.dir_fd = open_dir(folder)
+        _claimed_in_this_process.add(run_folder)
+        return run_folder
+
+    def base_record(self) -> dict[str, Any]:
+        """The fields every record of this run carries."""
+        return {"name": self.name, "run_id": self.run_id, "pid": os.getpid()}
+
+    def _full_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        return {**record, **self.base_record(), "updated": time.time()}
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        """Replaces the run's record atomically (thread-safe).
+
+        Args:
+            record: The fields to write; `base_record` fields are added.
+        """
+        with self._write_lock:
+            if self.dir_fd >= 0:
+                write_json_atomic(self.record_path, self._full_record(record), dir_fd=self.dir_fd)
+
+    def seal(self) -> None:
+        """Closes the folder's handle: the run has written its last record.
+        Idempotent."""
+        with self._write_lock:
+            if self.dir_fd >= 0:
+                os.close(self.dir_fd)
+                self.dir_fd = -1
+
+    def owns_folder(self) -> bool:
+        """True while the folder on disk still belongs to this run."""
+        record = read_json(self.record_path)
+        return isinstance(record, dict) and record.get("run_id") == self.run_id
+
+    def release(self) -> None:
+        """Removes the run's folder if it is still this run's, keeping its
+        last record a while as a tombstone (see `read_tombstone`). Idempotent."""
+        _claimed_in_this_process.discard(self)
+        self.seal()
+        with self._write_lock:
+            if self._released:
+                return
+            self._released = True
+            if self.owns_folder():
+                keep_tombstone(self.path)
+                move_away(self.path)
+
+
+
+def _free_name(folder: Path, name: str) -> None:
+    """Frees the name held by `folder` if its run has ended or its process died.
+
+    Raises:
+        NameTakenError: If the run there is still active.
+    """
+    if not folder_is_live(folder):
+        remove_if_dead(folder)
+        return
+    record = read_json(folder / RECORD_NAME)
+    state = record.get("state") if isinstance(record, dict) else None
+    if not (isinstance(state, str) and state in FINAL_STATES):
+        pid = record.get("pid") if isinstance(record, dict) else None
+        shown = state if isinstance(state, str) and state in ACTIVE_STATES else "starting"
+        raise NameTakenError(
+            f"A run named {name!r} is already {shown} (pid {shorten(repr(pid), 80)}). "
+            "Choose another name, or stop that run first."
+        )
+    for claimed in list(_claimed_in_this_process):
+        if claimed.path == folder and claimed.owns_folder():
+            claimed.release()  # an ended run of this process: let go of it now
+            return
+    move_away(folder)  # an ended run of a live process: its record goes
+
+
+_claimed_in_this_process: set[RunFolder] = set()
+
+
+@atexit.register
+def release_all() -> None:
+    """Releases every run folder this process claimed (at exit, or before `os._exit`)."""
+    for run_folder in list(_claimed_in_this_process):
+        run_folder.release()

@@ -1,0 +1,112 @@
+"""Liveness of runs: a run is alive while its process holds its lock (flock).
+
+Each run folder's ``lock`` is a hard link to the one lock file its process
+holds for its lifetime (`system.flock.ProcessLock`). The OS lets go of the
+lock when the process ends, however it ends, so "is this run alive" needs
+no look at the process table. Whoever removes a dead run's folder or lock
+file holds that lock meanwhile, so a live process never loses its own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from ..system.flock import LOCKS_FOLDER, same_file, try_lock
+from ..system.private_fs import check_private
+from .paths import CLAIM_PREFIX
+from .tombstones import remove_old_tombstones
+
+__all__ = ["LOCK_NAME", "folder_is_live", "move_away", "remove_if_dead", "remove_dead_locks", "sweep_dead_runs"]
+
+#: A run folder's hard link to its process's lock file.
+LOCK_NAME = "lock"
+
+
+def _open_lock(folder: Path) -> int | None:
+    """Opens a run folder's lock file (never through a symlink), or None if missing."""
+    try:
+        return os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+
+
+def folder_is_live(folder: Path) -> bool:
+    """True while the process of the run in `folder` holds its lock."""
+    fd = _open_lock(folder)
+    if fd is None:
+        return False
+    try:
+        return not try_lock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)  # also drops the shared lock if we took it
+
+
+def move_away(folder: Path) -> None:
+    """Removes a run folder, first renaming it so no reader sees it half-gone."""
+    trash = folder.parent / f".removed-{uuid.uuid4().hex}"
+    try:
+        os.rename(folder, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_if_dead(folder: Path) -> bool:
+    """Removes the folder of a dead run, holding its lock meanwhile. Returns
+    True if removed. A folder without a lock file is not a run's (claims
+    are atomic), so it goes too."""
+    fd = _open_lock(folder)
+    if fd is None:
+        move_away(folder)
+        return True
+    try:
+        if not try_lock(fd, fcntl.LOCK_EX):
+            return False
+        move_away(folder)
+        return True
+    finally:
+        os.close(fd)
+
+
+def remove_dead_locks(root: Path) -> None:
+    """Removes the lock files of processes that have ended."""
+    folder = root / LOCKS_FOLDER
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        path = folder / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if try_lock(fd, fcntl.LOCK_EX) and same_file(path, fd):
+                os.unlink(path)
+        finally:
+            os.close(fd)
+
+
+def sweep_dead_runs(root: Path) -> None:
+    """Removes the folders (FIFOs included) and lock files of dead processes,
+    claims their process never finished, and tombstones older than a few minutes."""
+    remove_dead_locks(root)
+    for name in os.listdir(root):
+        if name.startswith(CLAIM_PREFIX):
+            remove_if_dead(root / name)  # a claim its process never finished
+    remove_old_tombstones(root)
+    for name in os.listdir(root):
+        folder = root / name
+        if name.startswith("."):
+            continue
+        try:
+            check_private(folder, os.lstat(folder), kind="dir")
+            if not folder_is_live(folder):
+                remove_if_dead(folder)
+        except OSError:
+            continue  # not ours to remove (a planted symlink, someone else's), or gone

@@ -1,0 +1,16 @@
+"""A run without Keras: identity, state machine, journal, history, progress, record.
+
+- `lifecycle`: `RunLifecycle`, which opens and closes a run and holds its parts.
+- `state_machine`: the run's state, moved along the transition table.
+- `journal`: events, acknowledgements of requests, steered changes.
+- `history`: the loss per batch and each epoch's logs (`loss_curve`).
+- `progress`: `RunProgress`, what the driver of the training reports.
+- `record`: the run's record, built from the parts.
+- `publisher`: writing the record, and the run's ticks.
+"""
+
+from .journal import Journal, RunEvent
+from .lifecycle import RunLifecycle
+from .progress import ProgressSource, RunProgress
+
+__all__ = ["Journal", "ProgressSource", "RunEvent", "RunLifecycle", "RunProgress"]

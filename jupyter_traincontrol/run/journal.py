@@ -1,0 +1,149 @@
+"""A run's journal: its log of events, what became of requests, and what was steered.
+
+Any thread may write to it (the training thread, the channel's reader, the
+checkpoint writer, a job's watcher): `log` adds an event and tells the
+listeners (the panels), `acknowledge` answers a request by its id (a sender
+waiting with ``send --wait`` finds it in the record's ``acks``),
+`add_change` keeps what ``set``, ``rollback`` and the NaN policy changed.
+All three are bounded; `version` changes with every entry, so the run's
+publisher knows when to write the record again.
+
+Example:
+
+>>> journal = Journal(lambda: "demo")
+>>> journal.log("info", "hello")["message"]
+'hello'
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from ..protocol import Request
+
+__all__ = ["Journal", "RunEvent", "Listener", "EVENTS_KEPT", "ACKS_KEPT", "CHANGES_KEPT"]
+
+logger = logging.getLogger("jupyter_traincontrol")
+
+EVENTS_KEPT = 50
+ACKS_KEPT = 50
+CHANGES_KEPT = 50
+
+#: Called with each event, and with None when progress changed (panels).
+Listener = Callable[[Any, "RunEvent | None"], None]
+
+
+class RunEvent(dict):
+    """One line of a run's log: ``{"time", "kind", "message"}``.
+
+    Kinds: ``command``, ``checkpoint``, ``rejected``, ``warning``, ``info``,
+    ``error``, ``state``, ``change``, ``rollback``.
+    """
+
+
+class Journal:
+    """The events, acknowledgements and changes of one run.
+
+    Args:
+        name_of: Returns the run's name (for the log lines).
+        owner: What listeners are told the event is of (the run).
+    """
+
+    def __init__(self, name_of: Callable[[], str | None], owner: Any = None):
+        self._name_of = name_of
+        self._owner = owner
+        self._lock = threading.RLock()  # the checkpoint writer's thread acknowledges saves too
+        self.events: collections.deque[RunEvent] = collections.deque(maxlen=EVENTS_KEPT)
+        self.acks: collections.deque[dict[str, Any]] = collections.deque(maxlen=ACKS_KEPT)
+        self.changes: list[dict[str, Any]] = []
+        self._listeners: list[Listener] = []
+        self.version = 0
+
+    def clear(self) -> None:
+        """Forgets everything (a new run of the same object)."""
+        with self._lock:
+            self.events.clear()
+            self.acks.clear()
+            self.changes = []
+            self.version += 1
+
+    def log(self, kind: str, message: str) -> RunEvent:
+        """Adds an event to the run's log and tells the listeners."""
+        event = RunEvent(time=time.time(), kind=kind, message=message)
+        self.events.append(event)
+        self.version += 1
+        level = logging.WARNING if kind in ("warning", "rejected", "error") else logging.INFO
+        logger.log(level, "[%s] %s: %s", self._name_of(), kind, message)
+        self.notify(event)
+        return event
+
+    def acknowledge(self, request: Request, outcome: str, message: str) -> None:
+        """Says what became of a request with an id: its sender finds the id
+        in the record's ``acks``, ``{"ids", "command", "outcome", "message",
+        "time"}`` (published with the next publish). Requests with the same
+        answer in a row share one entry, so a burst of a thousand merged
+        saves is one entry, not a thousand.
+
+        Args:
+            request: The request.
+            outcome: ``applied``, ``ignored`` (it changed nothing, the
+                message says why) or ``failed``.
+            message: One line for a person.
+        """
+        if request.request_id is None:
+            return
+        with self._lock:
+            last = self.acks[-1] if self.acks else None
+            if last is not None and (last["command"], last["outcome"], last["message"]) == (str(request), outcome, message):
+                last["ids"].append(request.request_id)
+            else:
+                self.acks.append(
+                    {"ids": [request.request_id], "command": str(request), "outcome": outcome, "message": message,
+                     "time": time.time()}
+                )
+            self.version += 1
+
+    def add_change(self, change: dict[str, Any]) -> None:
+        """Keeps one steered change (``{"time", "by", "name", "old", "new", ...}``)."""
+        with self._lock:
+            # A new list, swapped in whole: the publisher thread reads the old or the new.
+            self.changes = [*self.changes, change][-CHANGES_KEPT:]
+            self.version += 1
+
+    def acks_of(self, request_id: str) -> dict[str, Any] | None:
+        """The acknowledgement of `request_id`, or None (yet)."""
+        with self._lock:
+            return next((dict(ack) for ack in self.acks if request_id in ack["ids"]), None)
+
+    def as_record(self) -> dict[str, Any]:
+        """The journal's fields of the run's record."""
+        with self._lock:
+            return {
+                "events": list(self.events)[-20:],
+                "acks": [dict(ack, ids=list(ack["ids"])) for ack in self.acks],
+                "changes": [dict(change) for change in self.changes],
+            }
+
+    # Listeners ---------------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> None:
+        """Calls `listener(run, event)` on each event (and with None when the
+        run's progress was published)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Undoes `add_listener`."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def notify(self, event: RunEvent | None) -> None:
+        """Tells every listener; a listener that fails is logged, never raised."""
+        for listener in list(self._listeners):
+            try:
+                listener(self._owner, event)
+            except Exception:  # a display must never break training
+                logger.exception("A run listener failed")

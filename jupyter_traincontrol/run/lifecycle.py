@@ -1,0 +1,370 @@
+"""A run's life, without Keras: claimed, listening, published, ended.
+
+`RunLifecycle` opens and closes one run and holds its parts, each with a
+narrow job:
+
+- its identity: the claimed registry folder (name, ``run_id``, liveness
+  lock), and its checkpoint store (the same ``run_id`` in every sidecar);
+- `channel`: the command channel (a FIFO), read by its own thread;
+- `states`: the `StateMachine`, moved only along the transition table;
+- `journal`: the log of events, acknowledgements and changes;
+- `history`: the loss per batch and each epoch's logs, for the charts;
+- the progress that the driver of the training reports (`follow`);
+- the record (`build_record`), written at once on a state change or an
+  answered command, else at most about twice a second, by its own
+  `publisher` thread.
+
+Other parts get the part they need: the boundary layer logs to `journal`
+and moves `states`; the run never reads training state back out of itself.
+The same object serves `ControlCallback` in a script, `TrainLoop`, and
+`TrainingRun` in a notebook.
+
+Example:
+
+>>> run = RunLifecycle("demo", "ckpt").open()   # doctest: +SKIP
+>>> run.move_to(RunState.RUNNING)              # doctest: +SKIP
+>>> run.close(RunState.FINISHED)               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import Checkpoint, CheckpointStore
+from ..protocol import FINAL_STATES, Command, Rejected, Request, RunState, as_state
+from ..registry import NameTakenError, RunFolder, unique_name, validate_name
+from ..transport.channels import open_channel
+from ..transport.receiver import CommandChannel
+from ..transport.send import ChannelError, NotListeningError, deliver, with_id
+from .history import RunHistory
+from .journal import Journal, Listener, RunEvent
+from .progress import ProgressSource, RunProgress
+from .publisher import PUBLISH_INTERVAL_SECONDS, Publisher
+from .record import RecordFields, build_record
+from .state_machine import StateMachine
+
+__all__ = ["RunLifecycle", "RunEvent"]
+
+logger = logging.getLogger("jupyter_traincontrol")
+
+
+class RunLifecycle:
+    """The identity, state, journal and record of one training run.
+
+    Args:
+        name: The run's name. Defaults to the first free ``run-N``.
+        checkpoint_dir: Folder of the run's checkpoints. Defaults to
+            ``checkpoints/NAME`` under the current directory.
+        keep: Checkpoints to keep. Defaults to 3.
+        channel_kind: ``"fifo"`` or ``"spool"``; defaults to the platform's.
+        registry: The registry folder. Defaults to the Jupyter runtime dir's.
+        origin: A few words saying where the run lives (a script, a kernel),
+            shown by ``list``. Defaults to the script's path.
+        extra_record: Fields added to the record (for example a kernel id).
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        keep: int = 3,
+        *,
+        channel_kind: str | None = None,
+        registry: Path | None = None,
+        origin: str | None = None,
+        extra_record: dict[str, Any] | None = None,
+    ):
+        if name is not None:
+            validate_name(name)
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"keep must be a whole number of at least 1, got {keep!r}.")  # now, not at train begin
+        self._requested_name = name
+        self._requested_checkpoint_dir = checkpoint_dir
+        self._keep = keep
+        self._channel_kind = channel_kind
+        self._registry = registry
+        self.origin = origin or (Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python")
+        fixed = dict(extra_record or {})
+        self._record_fields: list[RecordFields] = [lambda: fixed] if fixed else []
+        self.name: str | None = name
+        self.run_id: str | None = None
+        self.store: CheckpointStore | None = None
+        self.channel: CommandChannel | None = None
+        self._folder: RunFolder | None = None
+        self._lock = threading.RLock()
+        self.states = StateMachine(on_move=self._moved)
+        self.journal = Journal(lambda: self.name, owner=self)
+        self.history = RunHistory()
+        self._source: ProgressSource | None = None
+        self._last_progress = RunProgress()
+        self.publisher: Publisher | None = None
+        self._published_version: tuple | None = None
+        self._last_publish = 0.0
+        self.error: str | None = None
+        self.started: float | None = None
+        self.ended: float | None = None
+
+    # Opening and closing -------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """True between `open` and `close`."""
+        return self._folder is not None and not self.states.ended
+
+    def rename(self, name: str) -> None:
+        """Gives the run another name before it opens (a job's processes
+        take process 0's)."""
+        if self.is_open:
+            raise RuntimeError(f"Run {self.name!r} is open; it cannot be renamed to {name!r}.")
+        self.name = self._requested_name = validate_name(name)
+
+    def open(self) -> "RunLifecycle":
+        """Claims the run's name, opens its channel and publishes its record.
+
+        Returns:
+            self.
+
+        Raises:
+            NameTakenError: If a live run has the requested name.
+            UnsafePathError: If the registry folder is not private.
+        """
+        if self.is_open:
+            raise RuntimeError(f"Run {self.name!r} is already open.")
+        self.forget()  # the record of an earlier, ended run of this object
+        self.run_id = uuid.uuid4().hex  # this instance's, in its record and in its checkpoints' sidecars
+        self._folder = self._claim_folder()
+        self.name = self._folder.name
+        self.store = CheckpointStore(  # the tool's own default folder is made private
+            self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
+            run=self.name, run_id=self.run_id, private=self._requested_checkpoint_dir is None,
+        )
+        self.store.list()  # what the folder holds of this name already
+        self.started, self.ended, self.error = time.time(), None, None
+        self.states.reset()
+        self.journal.clear()
+        self.history = RunHistory()
+        self._source, self._last_progress = None, RunProgress()
+        try:
+            self.channel = open_channel(
+                self._folder.path,
+                self._channel_kind,
+                on_rejected=self._on_rejected,
+                on_notice=lambda text: self.journal.log("warning", text),
+                name=self.name,
+                dir_fd=self._folder.dir_fd,
+            )
+        except BaseException:
+            self._folder.release()
+            self._folder = None
+            raise
+        self.publisher = Publisher(self.name, self.publish, on_published=lambda: self.journal.notify(None))
+        self._published_version = None
+        self.publish(force=True)
+        self.publisher.start()
+        return self
+
+    def _claim_folder(self) -> RunFolder:
+        if self._requested_name is not None:
+            return RunFolder.claim(self._requested_name, self._registry, run_id=self.run_id)
+        for _attempt in range(20):
+            try:
+                return RunFolder.claim(unique_name("run", self._registry), self._registry, run_id=self.run_id)
+            except NameTakenError:
+                continue  # another process took it between listing and claiming
+        raise NameTakenError("Could not find a free run name; pass name= explicitly.")
+
+    def close(self, final_state: RunState | str, error: str | None = None) -> None:
+        """Ends the run: records `final_state`, closes the channel and stops
+        the publisher thread.
+
+        The record stays, with its final state, while this process lives.
+        Idempotent: only the first call after `open` has an effect.
+
+        Args:
+            final_state: One of ``stopped``, ``aborted``, ``finished``,
+                ``failed``.
+            error: For ``failed``: the error text (a traceback) to record.
+        """
+        final_state = as_state(final_state)
+        if final_state not in FINAL_STATES:
+            raise ValueError(
+                f"Unknown final state {str(final_state)!r}. "
+                f"Expected one of: {', '.join(sorted(str(s) for s in FINAL_STATES))}."
+            )
+        with self._lock:
+            if not self.is_open:
+                return
+            self.error = error
+            self.ended = time.time()
+            channel, self.channel = self.channel, None
+            self.unfollow()
+        if channel is not None:
+            channel.close()
+        if self.publisher is not None:
+            self.publisher.stop()
+        self.move_to(final_state)
+        self._folder.seal()  # the last record is written
+
+    def forget(self) -> None:
+        """Removes the run's record from the registry (after `close`)."""
+        if self._folder is not None:
+            self._folder.release()
+            self._folder = None
+
+    # State -----------------------------------------------------------------
+
+    @property
+    def state(self) -> RunState:
+        """The run's `RunState`."""
+        return self.states.state
+
+    def move_to(self, state: RunState | str) -> bool:
+        """Moves the run to `state` (see `StateMachine.move_to`); logged and
+        published at once."""
+        return self.states.move_to(state)
+
+    def _moved(self, state: RunState) -> None:
+        self.journal.log("state", str(state))
+        self.publish(force=True)
+
+    def _on_rejected(self, rejected: Rejected) -> None:
+        self.journal.log("rejected", f"{rejected.text}: {rejected.reason}")
+
+    # Progress ----------------------------------------------------------------
+
+    def follow(self, source: ProgressSource) -> None:
+        """Reads progress from `source` (the driver of the training) from now on."""
+        self._source = source
+
+    def unfollow(self) -> None:
+        """Stops reading the driver; its last progress stays in the record."""
+        source, self._source = self._source, None
+        if source is not None:
+            self._last_progress = source.progress()
+
+    @property
+    def source(self) -> ProgressSource | None:
+        """What the run reads its progress from now (the driver), or None."""
+        return self._source
+
+    @property
+    def progress(self) -> RunProgress:
+        """Where the training stands now (as the driver reports it)."""
+        source = self._source
+        return source.progress() if source is not None else self._last_progress
+
+    def _version(self) -> tuple:
+        source = self._source
+        return self.journal.version, self.history.version, id(source), source.version if source is not None else 0
+
+    def touch(self) -> None:
+        """Marks the record as changed (published with the next tick)."""
+        self.history.version += 1
+
+    def add_record_fields(self, fields: RecordFields) -> None:
+        """Adds fields to the record, read at each publish (a job's processes)."""
+        self._record_fields.append(fields)
+
+    # Checkpoints -------------------------------------------------------------
+
+    def add_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Notes a checkpoint the run wrote (the store keeps the list)."""
+        self.journal.log("checkpoint", f"{checkpoint.info.get('reason')}: {checkpoint.path}")
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """The run's complete checkpoints, oldest first (as of its last save)."""
+        return self.store.known if self.store is not None else []
+
+    def checkpoint_paths(self) -> list[Path]:
+        """The paths of the run's complete checkpoints, oldest first."""
+        return [checkpoint.path for checkpoint in self.checkpoints()]
+
+    # The record --------------------------------------------------------------
+
+    @property
+    def address(self) -> str | None:
+        """Where to write commands while the run listens (its FIFO), else None."""
+        channel = self.channel
+        return channel.address if channel is not None else None
+
+    def record(self) -> dict[str, Any]:
+        """The run's record as published (without the registry's fields)."""
+        store = self.store
+        return build_record(
+            state=self.state, origin=self.origin, channel=self.channel,
+            checkpoint_dir=str(store.directory) if store is not None else None,
+            checkpoints=self.checkpoints(), run_id=self.run_id or "", progress=self.progress,
+            history=self.history, journal=self.journal, error=self.error, started=self.started, ended=self.ended,
+            extras=self._record_fields,
+        )
+
+    def publish(self, force: bool = False) -> bool:
+        """Writes the record if it changed since the last write and half a
+        second has passed (with `force`: now, if it changed).
+
+        Returns:
+            True if the record was written.
+        """
+        folder = self._folder
+        if folder is None:
+            return False
+        now = time.monotonic()
+        version = self._version()
+        if version == self._published_version or not force and now - self._last_publish < PUBLISH_INTERVAL_SECONDS:
+            return False
+        try:
+            folder.write_record(self.record())
+        except OSError as error:
+            logger.warning("Could not write the record of run %r: %s", self.name, error)
+            return False
+        self._published_version, self._last_publish = version, now
+        return True
+
+    def add_listener(self, listener: Listener) -> None:
+        """Calls `listener(run, event)` on each event, and with None on
+        progress (from the publisher thread, at most about twice a second)."""
+        self.journal.add_listener(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Undoes `add_listener`."""
+        self.journal.remove_listener(listener)
+
+    # Commands ------------------------------------------------------------------
+
+    def send(self, command: str | Command | Request, sender: str | None = "notebook") -> Request:
+        """Sends a command to this run through its channel, like any writer
+        (`transport.send.deliver`, with a request id the run acknowledges).
+
+        If the channel cannot take it this instant (its FIFO being
+        re-created, say), the request is queued directly: an in-process
+        sender is never lost. Safe in a signal handler.
+
+        Args:
+            command: A command line (``"stop"``, ``"save #id"``), `Command`
+                or `Request`.
+            sender: Who sends, for the request id (``panel``, ``interrupt``).
+
+        Returns:
+            The request sent.
+
+        Raises:
+            UnknownCommandError: If `command` is not a command.
+            NotListeningError: If the run has ended.
+        """
+        request = with_id(command, sender)
+        channel = self.channel
+        if channel is None:
+            raise NotListeningError(f"Run {self.name!r} is {self.state}; it takes no more commands.")
+        try:
+            deliver(channel.address, request, kind=channel.kind)
+        except ChannelError as error:
+            channel.inject(request)
+            self.journal.log("warning", f"Delivered {request} directly: {error}")
+        return request

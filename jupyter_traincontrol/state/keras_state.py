@@ -1,0 +1,163 @@
+"""A Keras model's training state, as the boundary layer handles it: `KerasState`.
+
+What the boundary layer does to the state being trained (sync it, take its
+step count, copy it to the host, read it in place, check it is finite,
+restore a checkpoint into it) is one small object per model, so the same
+saves, rollbacks and NaN checks serve a `fit` and a custom loop over a
+Keras model. The functions under it are the one home of what touches a
+model's variables between two batches:
+
+- `sync_model_state`: on the JAX backend `fit` keeps the state outside the
+  model's variables in the middle of an epoch; this brings them up to date
+  (a no-op elsewhere, and when already done since the last step). The
+  boundary layer calls it once, where commands are taken.
+- `optimizer_step`: ``optimizer.iterations`` as an int.
+- `restore_weights`: loading a checkpoint into a model, with the optimizer
+  built first (Keras silently drops optimizer state loaded into an
+  optimizer that is not built).
+- `copy_variables`, `assign_variables`: a backup of every variable, and
+  putting it back (after a failed load).
+- `all_finite`: whether every weight is a finite number.
+
+Keras and numpy are imported lazily, inside the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..checkpoint import Checkpoint, CheckpointError
+from .snapshot import ModelSnapshot, SnapshotBuffers
+
+__all__ = ["KerasState", "sync_model_state", "optimizer_step", "restore_weights", "copy_variables",
+           "assign_variables", "all_finite"]
+
+
+class KerasState:
+    """The training state of one Keras model: weights and optimizer variables.
+
+    Args:
+        model: The model being trained (with its optimizer, if compiled).
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def sync(self) -> None:
+        """Brings the variables up to date (JAX keeps them in the trainer during `fit`)."""
+        sync = getattr(self.model, "jax_state_sync", None)
+        if callable(sync):
+            sync()
+
+    def step(self) -> int | None:
+        """``optimizer.iterations``, or None without an optimizer."""
+        return optimizer_step(self.model)
+
+    def snapshot(self, buffers: SnapshotBuffers | None) -> ModelSnapshot:
+        """A host copy of what ``model.save`` writes, into `buffers`' arrays."""
+        return ModelSnapshot.take(self.model, buffers)
+
+    def views(self) -> Any:
+        """What the writer writes while the training thread waits: views of
+        the variables (`ModelSnapshot` without a copy; its writer skips two
+        copies ``model.save`` makes), or the model itself if they cannot be
+        taken (``model.save`` then says what is wrong)."""
+        try:
+            return ModelSnapshot.take(self.model, copy=False)
+        except Exception:  # noqa: BLE001 - model.save then says what is wrong, as before
+            return self.model
+
+    def live(self):
+        """The model itself (``model.save``, on the training thread)."""
+        return self.model
+
+    def all_finite(self) -> bool:
+        """True if every weight is a finite number."""
+        return all_finite(self.model)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Loads weights and optimizer state of `checkpoint` and starts the
+        running metrics over; on failure the model is as it was.
+
+        Raises:
+            CheckpointError: If the checkpoint does not load into this model.
+        """
+        saved = copy_variables(self.model)
+        try:
+            restore_weights(self.model, checkpoint)
+        except CheckpointError:
+            assign_variables(saved)
+            raise
+        self.model.reset_metrics()  # the epoch's running loss restarts here, not from the batches undone
+
+
+def sync_model_state(model) -> None:
+    """Brings the model's variables up to date before they are read or written.
+
+    On the JAX backend, `fit` keeps the state outside the model's variables
+    in the middle of an epoch (``Callback.model`` syncs it, a model
+    reference held elsewhere does not): a save from that reference would
+    write the weights of the epoch's start. After a sync, the trainer takes
+    its state from the variables again. Does nothing on other backends.
+    """
+    sync = getattr(model, "jax_state_sync", None)
+    if callable(sync):
+        sync()
+
+
+def optimizer_step(model) -> int | None:
+    """The optimizer's step count (``optimizer.iterations``), or None without one."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    import keras
+
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def restore_weights(model, checkpoint: Checkpoint) -> None:
+    """Loads a checkpoint's weights and optimizer state into `model`.
+
+    The optimizer is built first: Keras silently drops optimizer state
+    loaded into an optimizer that is not built yet.
+
+    Args:
+        model: A built, compiled Keras model of the same architecture.
+        checkpoint: What to load.
+
+    Raises:
+        CheckpointError: If the file cannot be loaded into this model.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    try:
+        model.load_weights(checkpoint.path)
+    except Exception as error:  # Keras raises ValueError, OSError, zipfile errors, ...
+        raise CheckpointError(
+            f"Could not load {checkpoint.path} into model {model.name!r}: {error}"
+        ) from error
+
+
+def copy_variables(model) -> list[tuple[Any, Any]]:
+    """Every variable of `model` and its optimizer, with a copy of its value."""
+    import numpy as np
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    variables = list(model.weights) + (list(optimizer.variables) if optimizer is not None else [])
+    return [(variable, np.array(variable)) for variable in variables]
+
+
+def assign_variables(saved: list[tuple[Any, Any]]) -> None:
+    """Puts back the values `copy_variables` copied (after a failed load)."""
+    for variable, value in saved:
+        variable.assign(value)
+
+
+def all_finite(model) -> bool:
+    """True if every weight of `model` is a finite number (its state up to date)."""
+    import numpy as np
+
+    return all(np.isfinite(np.asarray(variable)).all() for variable in model.weights)

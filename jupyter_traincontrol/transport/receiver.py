@@ -1,0 +1,165 @@
+"""The receiving end of a run's commands: a queue filled by a daemon reader thread.
+
+Each run has one channel in its private folder (a FIFO, `fifo`, or a spool
+folder, `spool`). A daemon reader thread decodes what arrives and puts whole
+requests on a queue, so the training thread only checks whether the queue
+is non-empty at each batch boundary: the channel is opened once, never per
+batch, and a command written while no batch runs (validation, a pause) is
+read at once and waits in the queue.
+
+Example:
+
+>>> channel = open_channel(run_folder, on_rejected=print)  # doctest: +SKIP
+>>> deliver(channel.address, "save")                        # doctest: +SKIP
+>>> channel.pop().command                                   # doctest: +SKIP
+<Command.SAVE: 'save'>
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..protocol import Command, Rejected, Request, parse_request
+
+__all__ = ["CommandChannel", "RejectedListener", "NoticeListener"]
+
+#: How often the reader checks that the channel is still there on disk.
+_HEALTH_CHECK_SECONDS = 0.5
+
+RejectedListener = Callable[[Rejected], None]
+NoticeListener = Callable[[str], None]
+
+
+class CommandChannel:
+    """Base of the channel kinds: a queue filled by a daemon reader thread.
+
+    The reader thread only reads: it decodes what arrives, queues whole
+    commands, reports rejected lines, and repairs the channel on disk if
+    something removed or replaced it.
+
+    Args:
+        folder: The run's private folder; the channel lives inside it.
+        on_rejected: Called from the reader thread with each line that is
+            not a command. Must not raise.
+        on_notice: Called from the reader thread with a sentence about the
+            channel itself (for example a FIFO re-created after deletion).
+        name: Used to name the reader thread.
+        health_check_seconds: How often the reader checks that the channel
+            is still there on disk. Defaults to 0.5.
+        dir_fd: An open descriptor of `folder`. The channel then creates,
+            checks and re-creates itself through it, so a folder renamed or
+            swapped under a live run cannot redirect it.
+    """
+
+    kind = "abstract"
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        on_rejected: RejectedListener | None = None,
+        on_notice: NoticeListener | None = None,
+        name: str = "run",
+        health_check_seconds: float = _HEALTH_CHECK_SECONDS,
+        dir_fd: int | None = None,
+    ):
+        self.folder = Path(folder)
+        self._health_check_seconds = health_check_seconds
+        self._dir_fd = dir_fd
+        self._on_rejected = on_rejected or (lambda rejected: None)
+        self._on_notice = on_notice or (lambda text: None)
+        self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run_reader, name=f"traincontrol-reader-{name}", daemon=True
+        )
+
+    @property
+    def address(self) -> str:
+        """Where writers send commands (the FIFO, or the inbox folder)."""
+        raise NotImplementedError
+
+    @property
+    def pending(self) -> bool:
+        """True when a command waits. Cheap enough for every batch."""
+        return not self._queue.empty()
+
+    def pop(self) -> Request | None:
+        """Takes the oldest waiting request, or returns None."""
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def get(self, timeout: float | None) -> Request | None:
+        """Takes the oldest request, waiting up to `timeout` seconds for one.
+
+        Returns:
+            The request, or None if none came in time.
+        """
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def inject(self, request: Request | Command) -> None:
+        """Queues a request directly, for an in-process sender whose write
+        to the channel failed."""
+        self._queue.put(parse_request(request))
+
+    def start(self) -> "CommandChannel":
+        """Starts the reader thread. Returns self."""
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stops the reader and removes the channel from disk. Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._wake_reader()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._release()
+
+    def _deliver(self, results: list[Request | Rejected]) -> None:
+        for result in results:
+            if isinstance(result, Request):
+                self._queue.put(result)
+            else:
+                self._on_rejected(result)
+
+    def _run_reader(self) -> None:
+        interval = self._health_check_seconds
+        next_check = time.monotonic() + interval
+        last_problem = None
+        while not self._closed.is_set():
+            try:
+                self._read_some(max(0.0, next_check - time.monotonic()))
+                if time.monotonic() >= next_check and not self._closed.is_set():
+                    next_check = time.monotonic() + interval
+                    self._check_health()
+                last_problem = None
+            except Exception as error:  # the reader must outlive any hiccup
+                problem = f"Command channel problem: {error}"
+                if problem != last_problem:
+                    self._on_notice(problem)
+                last_problem = problem
+                self._closed.wait(interval)
+
+    # Subclass interface.
+    def _read_some(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def _check_health(self) -> None:
+        """Repairs the channel on disk if something removed or replaced it."""
+
+    def _wake_reader(self) -> None:
+        """Makes a blocked `_read_some` return at once."""
+
+    def _release(self) -> None:
+        """Closes descriptors and removes files; runs once, after the reader."""
