@@ -134,6 +134,26 @@ class EventLog:
                    message=f"{at_least} {kind} event(s) {message or ''}")
 
 
+def assert_finite_weights(keras_path) -> None:
+    """Fails unless every array stored in the ``.keras`` file (the model's
+    weights and the optimizer's variables) holds finite numbers only."""
+    import io
+    import zipfile
+
+    import h5py
+    import numpy as np
+
+    with zipfile.ZipFile(keras_path) as archive:
+        data = archive.read("model.weights.h5")
+    arrays = []
+    with h5py.File(io.BytesIO(data), "r") as weights:
+        weights.visititems(lambda name, item: arrays.append((name, item[()])) if isinstance(item, h5py.Dataset) else None)
+    assert arrays, f"{keras_path} stores no arrays"
+    for name, value in arrays:
+        value = np.asarray(value)
+        assert value.dtype.kind not in "fc" or np.isfinite(value).all(), f"{keras_path}: {name} is not finite"
+
+
 def read_sidecar(keras_path) -> dict:
     return json.loads(Path(keras_path).with_suffix(".json").read_text())
 

@@ -4,6 +4,7 @@ private where the tool chooses it, and watched while the run holds it."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import stat
@@ -279,3 +280,67 @@ def test_a_folder_removed_under_a_held_store_fails_the_save_clearly(tmp_path, ma
             store.save(make_model(), TrainingPosition(0, 1), reason="save")
     finally:
         store.release()
+
+
+# A lock file nobody else may plant --------------------------------------------------------
+
+
+def _plant_lock(folder, pending, mode=0o666, uid=None):
+    """A lock record as the tool writes it, naming `pending` as a killed save's intent."""
+    folder.mkdir(exist_ok=True)
+    lock = folder / LOCK_FILE
+    record = json.dumps({"tool": "jupyter-traincontrol", "holder": None, "pending": pending}).encode()
+    lock.write_bytes(record.ljust(4095) + b"\n")
+    os.chmod(lock, mode)
+    if uid is not None:
+        os.chown(lock, uid, -1)
+    return lock
+
+
+def _precious(folder):
+    best = folder / "best.keras"
+    best.write_bytes(b"the user's own model")
+    st = best.stat()
+    return best, {"file": best.name, "inode": st.st_ino, "size": st.st_size}
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="planting a file of another user needs root")
+def test_a_lock_file_of_another_user_is_refused_and_nothing_is_removed(tmp_path):
+    """In a shared sticky folder another user plants a lock file whose intent
+    names the victim's best.keras by inode and size: the victim's run refuses
+    the folder, naming the file's owner, and best.keras stays."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    best, intent = _precious(folder)
+    _plant_lock(folder, intent, uid=12345)
+    with pytest.raises(CheckpointDirError, match=r"belongs to uid 12345, not to this user"):
+        CheckpointStore(folder).acquire()
+    assert best.read_bytes() == b"the user's own model"
+
+
+def test_a_lock_file_others_can_write_has_its_intent_ignored_and_is_made_private(tmp_path, caplog):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    best, intent = _precious(folder)
+    lock = _plant_lock(folder, {**intent, "staging": ".partial-" + "0" * 32 + "-1"})
+    (folder / (".partial-" + "0" * 32 + "-1")).mkdir()
+    store = CheckpointStore(folder)
+    with caplog.at_level("WARNING", logger="jupyter_traincontrol"):
+        store.acquire()
+    store.release()
+    assert best.read_bytes() == b"the user's own model"
+    assert (folder / (".partial-" + "0" * 32 + "-1")).is_dir()  # what the record names is not acted on
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    assert any("writable by others" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
+
+
+def test_an_intent_acts_only_on_the_names_a_save_makes(tmp_path):
+    """A private lock file whose intent names a file the tool never makes
+    (best.keras, a folder that is no staging folder): neither is touched."""
+    folder = tmp_path / "own"
+    folder.mkdir()
+    best, intent = _precious(folder)
+    (folder / "data").mkdir()
+    _plant_lock(folder, {**intent, "staging": "data"}, mode=0o600)
+    CheckpointStore(folder).acquire().release()
+    assert best.read_bytes() == b"the user's own model" and (folder / "data").is_dir()

@@ -233,3 +233,21 @@ def test_a_lost_process_makes_the_others_fail_naming_it(tmp_path, jobs, runtime_
 
     record = read_tombstone(job.name, runtime_dir)
     assert record["state"] == "failed" and record["lost_process"] == 1, record
+
+
+def test_a_command_that_reaches_the_job_after_a_peer_ended_fit_is_answered_at_once(tmp_path, jobs):
+    """Process 0 still works at the end of the last epoch when a save comes;
+    process 1 has ended its fit. The save is answered at once, not applied
+    (the job cannot agree on it), and the job ends as it trained: finished."""
+    job = jobs(tmp_path, 2, "late", "--epochs", "2", "--batch-sleep", "0", "--chief-end-work", "20")
+    wait_until(lambda: any(e["kind"] == "end-work" for e in job.events(0)), timeout=120, message="process 0's end work")
+    wait_until(lambda: any(e["kind"] == "final" for e in job.events(1)), timeout=60, message="process 1 to end fit")
+    started = time.monotonic()
+    result = cli("send", "late", "save", "--wait", "30", timeout=60)
+    answered_in = time.monotonic() - started
+    assert result.returncode == 6, (result.returncode, result.stdout, result.stderr)
+    assert "not applied: process 1 of 2 has ended fit" in result.stderr
+    assert answered_in < 10, answered_in
+    assert job.wait(120) == [0, 0], [text[-3000:] for text in job.stderr]
+    finals = [next(e for e in job.events(i) if e["kind"] == "final") for i in range(2)]
+    assert [f["state"] for f in finals] == ["finished", "finished"], finals

@@ -6,7 +6,8 @@ Each leg runs in a fresh process (tests/programs/exact_resume.py) on the
 backend this suite runs with (``KERAS_BACKEND``): a tiny Dense model with
 Dropout, 5 epochs of 5 batches, numpy validation data. To keep the suite
 short, one chain of processes covers every kind of stop for a data source:
-stopped mid-epoch, resumed and stopped at an epoch's end, resumed and
+stopped mid-epoch, resumed and stopped while the resume skips the batches
+already trained, resumed and stopped at an epoch's end, resumed and
 stopped during validation, resumed and stopped while paused, resumed to the
 end. Each process's History is compared with the uninterrupted run's, so a
 failure names the leg that diverged.
@@ -27,9 +28,11 @@ from helpers import child_env
 PROGRAM = Path(__file__).parent / "programs" / "exact_resume.py"
 BATCHES = 5  # per epoch, as in the program
 
-# batch:7: mid-epoch 1; pause:10: paused at the end of epoch 1, then
+# batch:7: mid-epoch 1; skip:6: while the resume from batch 7 still skips
+# the batches already trained (the checkpoint it writes is of batch 7's
+# weights, and says so); pause:10: paused at the end of epoch 1, then
 # stopped; val:2: in epoch 2's validation.
-EVERY_STOP = ("batch:7", "pause:10", "val:2")
+EVERY_STOP = ("batch:7", "skip:6", "pause:10", "val:2")
 CHAINS = [
     ("numpy-shuffle", EVERY_STOP),
     ("tfdata", EVERY_STOP),
@@ -63,7 +66,7 @@ def _leg(data, stop, out, checkpoints, resume=False):
 
 def _mid_epoch(stop: str) -> bool:
     kind, _, at = stop.partition(":")
-    return kind in ("batch", "pause") and int(at) % BATCHES != 0
+    return kind in ("batch", "pause", "skip") and int(at) % BATCHES != 0
 
 
 @pytest.mark.parametrize("data, stops", CHAINS, ids=[data for data, _ in CHAINS])

@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 
 from driving import BATCH, drive_fit
+from helpers import assert_finite_weights
 from helpers import PROGRAMS, REPO, At, EventLog, child_env, run_program, wait_drained, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.transport.send import NotListeningError, deliver
@@ -369,6 +370,7 @@ def _check_loads(path: Path, source: Path) -> None:
     loaded, original = keras.models.load_model(path), keras.models.load_model(source)
     for a, b in zip(loaded.get_weights() + loaded.optimizer.variables, original.get_weights() + original.optimizer.variables):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_finite_weights(path)
 
 
 # Checkpoints after a crash, and what is flushed when --------------------------
@@ -551,9 +553,7 @@ def test_a_full_disk_fails_the_save_clearly_and_training_goes_on_then_stops(make
         assert error.endswith(f"the previous checkpoint {first.path.name} is kept.")
     assert sorted(os.listdir(small_disk / "ck")) == sorted([first.path.name, first.sidecar.name, LOCK_FILE])
     (small_disk / "filler").unlink()
-    import keras
-
-    keras.models.load_model(first.path)
+    assert_finite_weights(first.path)
 
 
 

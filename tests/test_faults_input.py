@@ -76,6 +76,11 @@ HOSTILE_RECORDS = {
     "nan-metric": good_record("bad", metrics={"loss": float("nan")}),
     "unknown-state": good_record("bad", state="exploding"),
     "deep": "[" * 100_000 + "]" * 100_000,
+    # Fields the run writes that the reader once let through unchecked.
+    "loss-curve-object": good_record("bad", loss_curve={}),
+    "tunables-text": good_record("bad", tunables={"learning_rate": "fast"}),
+    "changes-of-numbers": good_record("bad", changes=[1, 2]),
+    "checkpoints-this-run-text": good_record("bad", checkpoints_this_run="all"),
 }
 
 
@@ -119,7 +124,8 @@ _json = st.recursive(
     max_leaves=20,
 )
 _fields = st.dictionaries(
-    st.sampled_from(["name", "run_id", "pid", "state", "epoch", "started", "metrics", "events", "acks", "history", "fifo"]),
+    st.sampled_from(["name", "run_id", "pid", "state", "epoch", "started", "metrics", "events", "acks", "history", "fifo",
+                     "loss_curve", "tunables", "changes", "checkpoints_this_run"]),
     _json,
 )
 
@@ -388,3 +394,25 @@ def test_a_failing_fit_leaves_no_handler_no_signal_and_the_next_fit_is_fresh(mak
         wait_until(lambda: len(sigints) == 1, message="the user's handler to get Ctrl+C")
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_every_field_a_run_writes_is_declared_and_its_ids_are_one(make_model, tiny_data, tmp_path):
+    """The record a real run writes holds declared fields only (the writer
+    checks it against protocol.record.FIELDS, as every reader does), and its
+    run_id is the one in its checkpoints' sidecars."""
+    from driving import fit
+    from helpers import At
+
+    from jupyter_traincontrol import ControlCallback
+    from jupyter_traincontrol.protocol.record import FIELDS
+
+    control = ControlCallback(name="declared", checkpoint_dir=tmp_path / "ck", verbose=False)
+    fit(make_model(), tiny_data, control, At(0, 1, lambda cb: control.lifecycle.channel.inject("set lr=0.02")),
+        At(0, 2, lambda cb: control.lifecycle.channel.inject("save")),
+        At(0, 4, lambda cb: control.lifecycle.channel.inject("stop")), epochs=1)
+    record = json.loads((control.lifecycle._folder.path / RECORD_NAME).read_text())  # the last one, as written
+    assert set(record) <= set(FIELDS), set(record) - set(FIELDS)
+    assert {"loss_curve", "tunables", "changes", "checkpoints_this_run"} <= set(record)
+    sidecars = [json.loads(path.with_suffix(".json").read_text()) for path in control.checkpoints]
+    assert len(sidecars) == 2 and {sidecar["run_id"] for sidecar in sidecars} == {record["run_id"]}
+    assert record["checkpoints_this_run"] == 2 and record["changes"][0]["name"] == "learning_rate"

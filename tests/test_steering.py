@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 
 from driving import fit
-from helpers import At, read_sidecar
+from helpers import At, EventLog, assert_finite_weights, read_sidecar
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.protocol import UnknownCommandError, parse_request
 from jupyter_traincontrol.registry import find_run
@@ -39,15 +42,6 @@ class Recorder(keras.callbacks.Callback):
 def ack(name, request_id):
     record = find_run(name)
     return next(a for a in record["acks"] if request_id in a["ids"])
-
-
-def all_weights_finite(path) -> bool:
-    from helpers import build_model
-
-    model = build_model()
-    model.optimizer.build(model.trainable_variables)
-    model.load_weights(path)
-    return all(np.isfinite(keras.ops.convert_to_numpy(v)).all() for v in model.weights + model.optimizer.variables)
 
 
 # set -------------------------------------------------------------------------
@@ -257,7 +251,7 @@ def nan_model(make_model):
 def assert_finite_checkpoints(control):
     assert control.checkpoints
     for path in control.checkpoints:
-        assert all_weights_finite(path), path
+        assert_finite_weights(path)
 
 
 @NAN_INJECTION
@@ -339,3 +333,104 @@ def test_the_sidecar_keeps_steered_values_and_refuses_bad_ones(make_model, tmp_p
     for bad in ({"learning_rate": "fast"}, {"learning_rate": None}, {"lr": True}, [1.0]):
         with pytest.raises(MalformedSidecarError, match="'tunables' is"):
             parse_sidecar(json.dumps({**info, "tunables": bad}).encode(), checkpoint.sidecar.name)
+
+
+# No checkpoint of non-finite weights, ever ----------------------------------------------
+
+
+def sgd_model(make_model):
+    model = make_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+class WeightsAt(keras.callbacks.Callback):
+    """Notes, at each batch's end, whether the weights and the loss are finite."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        weights = all(np.isfinite(keras.ops.convert_to_numpy(v)).all() for v in self.model.weights)
+        self.seen.append((batch, weights, math.isfinite(logs["loss"])))
+
+
+@pytest.mark.parametrize("on_nan", ["stop", "rollback", "ignore"])
+def test_an_update_that_overflows_never_becomes_a_checkpoint(make_model, tiny_data, ckpt, on_nan):
+    """`set lr=3e38` makes the next update overflow: the weights are inf one
+    boundary before any loss is. A save there fails, says why, and the older
+    checkpoint stays the newest; whatever the policy, none of bad weights."""
+    model = sgd_model(make_model)
+    control = ControlCallback(name=f"over-{on_nan}", checkpoint_dir=ckpt, verbose=False, on_nan=on_nan)
+    seen = WeightsAt()
+    fit(model, tiny_data, control, seen, inject(control, "save #good", 0, 1), inject(control, "set lr=3e38", 0, 2),
+        inject(control, "save #bad", 0, 3), inject(control, "stop #stop", 0, 5), epochs=1)
+    assert seen.seen[3][1:] == (False, True)  # at the bad save: weights inf, loss still finite
+    bad = ack(f"over-{on_nan}", "bad")
+    assert bad["outcome"] == "failed" and "not all finite" in bad["message"], bad
+    assert [read_sidecar(p)["global_step"] for p in control.checkpoints] == [2]  # only the good one
+    assert_finite_checkpoints(control)
+
+
+def test_a_stop_at_the_overflowing_boundary_stops_without_a_checkpoint_and_says_so(make_model, tiny_data, ckpt):
+    model = sgd_model(make_model)
+    control = ControlCallback(name="overstop", checkpoint_dir=ckpt, verbose=False)
+    fit(model, tiny_data, control, inject(control, "save", 0, 1), inject(control, "set lr=3e38", 0, 2),
+        inject(control, "stop #s", 0, 3), epochs=1)
+    assert control.state == "stopped"
+    stop = ack("overstop", "s")
+    assert stop["outcome"] == "failed" and stop["message"].startswith("stopping without a checkpoint"), stop
+    assert len(control.checkpoints) == 1
+    assert_finite_checkpoints(control)
+
+
+def test_rollback_and_resume_skip_a_checkpoint_of_non_finite_weights_and_say_which(make_model, tiny_data, ckpt):
+    """A checkpoint of inf weights written outside the tool (or by an older
+    release) is never loaded: rollback and resume take the newest finite one."""
+    model = make_model()
+    control = ControlCallback(name="skipinf", checkpoint_dir=ckpt, verbose=False)
+    fit(model, tiny_data, control, inject(control, "save", 0, 1), inject(control, "save", 0, 3),
+        inject(control, "stop", 0, 5), epochs=1)
+    good, poisoned = control.checkpoints[-2:]
+    broken = keras.models.load_model(poisoned)
+    broken.layers[0].kernel.assign(np.full(broken.layers[0].kernel.shape, np.inf, dtype="float32"))
+    broken.save(str(poisoned) + ".tmp.keras")
+    os.replace(str(poisoned) + ".tmp.keras", poisoned)
+    info = read_sidecar(poisoned)
+    info["size"] = os.path.getsize(poisoned)
+    Path(poisoned).with_suffix(".json").write_text(json.dumps(info))
+    resumed = ControlCallback(name="skipinf", checkpoint_dir=ckpt, verbose=False, resume=True)
+    log = EventLog()
+    resumed.lifecycle.add_listener(log)
+    fit(make_model(seed=3), tiny_data, resumed, inject(resumed, "rollback #r", 0, 6), inject(resumed, "stop", 0, 7),
+        epochs=1)
+    assert any(poisoned.name in m and "not all finite" in m for m in log.messages("warning")), log.messages("warning")
+    assert any(f"from {good}" in m for m in log.messages("info"))
+    assert ack("skipinf", "r")["outcome"] == "applied"
+    assert poisoned.name not in ack("skipinf", "r")["message"]
+
+
+@pytest.mark.backends("tensorflow", "jax", reason="mixed precision's float16 matmul is not implemented on torch's CPU")
+def test_set_under_mixed_precision_steers_the_optimizer_that_does_the_update(tiny_data, ckpt):
+    """With mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer:
+    `set` reads, offers and changes the inner one's hyperparameters, and a
+    step then uses them."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1, dtype="float32")])
+        model.compile(optimizer=keras.optimizers.Adam(0.001), loss="mse")
+        control = ControlCallback(name="mixed", checkpoint_dir=ckpt, verbose=False)
+        rates = Recorder()
+        fit(model, tiny_data, control, rates, inject(control, "set lr=0.05 beta_1=0.5 #s", 0, 1),
+            inject(control, "set #show", 0, 3), epochs=1)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    inner = model.optimizer.inner_optimizer
+    assert ack("mixed", "s")["outcome"] == "applied"
+    assert float(keras.ops.convert_to_numpy(inner.learning_rate)) == pytest.approx(0.05)
+    assert float(inner.beta_1) == 0.5
+    assert rates.rates[2:] == pytest.approx([0.05] * 6)  # the steps after the set used it
+    assert "beta_1=0.5" in ack("mixed", "show")["message"] and "learning_rate=0.05" in ack("mixed", "show")["message"]

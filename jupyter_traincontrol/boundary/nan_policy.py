@@ -87,13 +87,13 @@ class NanPolicy:
     def _roll_back(self, where: str) -> bool:
         steering = self._steering
         steering.wait_for_saves()  # a checkpoint being written is a candidate too
-        newest = steering.run.store.latest()
-        if newest is None:
+        checkpoints = steering.run.store.list()
+        if not checkpoints:
             self._tell("error", f"{where[0].upper()}{where[1:]}: no checkpoint to roll back to.")
             return False
         lr = steering.tunables.read(["learning_rate"])["learning_rate"] if "learning_rate" in steering.tunables.names() else None
         by = f"on_nan=rollback ({where})"
-        outcome, message = steering.rollback_to(newest, by)
+        outcome, message = steering.rollback_to(checkpoints, by)  # the newest whose weights are finite
         if outcome != "applied":
             return False
         self.rollbacks += 1

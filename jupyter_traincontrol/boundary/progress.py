@@ -37,6 +37,9 @@ class TrainingProgress:
         global_step: The optimizer's step as of the last checkpoint, resume
             or rollback (None until then).
         tunables: What ``set`` can change, and the current values.
+        pinned: While set, the position every checkpoint records: a resume
+            that still draws the batches its checkpoint already trained
+            holds that checkpoint's weights, whatever batch it is at.
         version: Changes whenever the counters do (the run compares it).
     """
 
@@ -53,6 +56,7 @@ class TrainingProgress:
         self.metrics: dict[str, Any] = {}
         self.global_step: int | None = None
         self.tunables: dict[str, float | None] = {}
+        self.pinned: TrainingPosition | None = None
         self.version = 0
 
     def progress(self) -> RunProgress:
@@ -68,6 +72,8 @@ class TrainingProgress:
         Args:
             global_step: The optimizer's step count now.
         """
+        if self.pinned is not None:
+            return self.pinned
         if self.mid_epoch:
             complete = self.steps is not None and self.step >= self.steps
         else:

@@ -142,21 +142,37 @@ class Steering:
             self.journal.log("error", message)
             self._say(message)
             return "failed", message
-        return self.rollback_to(checkpoints[-depth], _sender(request))
+        return self.rollback_to(checkpoints[: len(checkpoints) - depth + 1], _sender(request))
 
-    def rollback_to(self, checkpoint: Checkpoint, by: str) -> Outcome:
-        """Loads `checkpoint` into the live model and optimizer (the state
-        synced at this boundary); the steered values stay as they are now."""
+    def rollback_to(self, checkpoints: list[Checkpoint], by: str) -> Outcome:
+        """Loads the newest of `checkpoints` that loads (finite weights, a
+        file that reads) into the live model and optimizer (the state synced
+        at this boundary), saying which newer ones it skipped; the steered
+        values stay as they are now.
+
+        Args:
+            checkpoints: The candidates, oldest first.
+            by: Who asked, for the change log.
+        """
         trained, progress = self.trained, self.progress
         kept = self.tunables.read()
         step_before = trained.step()
-        try:
-            trained.restore(checkpoint)
-        except CheckpointError as error:
-            message = f"Rollback failed, the model is as it was: {error}"
+        skipped = []
+        for candidate in reversed(checkpoints):
+            try:
+                trained.restore(candidate)
+            except CheckpointError as error:
+                skipped.append(str(error))
+                continue
+            checkpoint = candidate
+            break
+        else:
+            message = f"Rollback failed, the model is as it was: {'; '.join(skipped) or 'no checkpoint to load'}"
             self.journal.log("error", message)
             self._say(message)
             return "failed", message
+        if skipped:
+            self._warn(f"Rollback skipped {len(skipped)} newer checkpoint(s): {'; '.join(skipped)}.")
         self.tunables.restore(kept)  # the checkpoint's file holds the learning rate it had
         self.rollbacks += 1
         self.suspect = None

@@ -20,6 +20,10 @@ How each value takes effect in a `fit` that is already compiled:
   batch).
 - a user tunable: a Keras variable, assigned.
 
+Under a wrapper (mixed precision's `LossScaleOptimizer`) the optimizer that
+does the update is the inner one: its hyperparameters are the ones read,
+offered and set.
+
 Example:
 
 >>> tunables = Tunables(model, {"dropout": rate})          # doctest: +SKIP
@@ -109,7 +113,12 @@ class Tunables:
 
     @property
     def optimizer(self):
-        return getattr(self.model, "optimizer", None)
+        """The optimizer that does the update: under a wrapper (Keras's
+        `LossScaleOptimizer`, which mixed precision adds), the inner one."""
+        optimizer = getattr(self.model, "optimizer", None)
+        while getattr(optimizer, "inner_optimizer", None) is not None:
+            optimizer = optimizer.inner_optimizer
+        return optimizer
 
     @property
     def schedule_replaced(self) -> bool:

@@ -10,8 +10,10 @@ clearly if the path now leads to another folder.
 Before a save stages anything, it records its intent (the staging folder's
 and the model file's names, then the staged file's inode and size) in the
 lock file, in one page written with one ``pwrite``; a later holder uses that
-record, and only that, to remove what a killed save left. The lock file is
-never removed.
+record, and only that, to remove what a killed save left, and only files of
+the names a save makes (its checkpoint files, its staging folders). A lock
+file owned by another user is refused; one that others could write has its
+intent ignored (and is made private). The lock file is never removed.
 
 `CheckpointStore` holds one (`CheckpointStore.folder`) and adds what a
 checkpoint is; the commit protocol (`commit`) works through it.
@@ -24,6 +26,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import stat
 import time
 import uuid
@@ -32,6 +35,7 @@ from typing import Any, Callable, Mapping
 
 from ..system.private_fs import UnsafePathError, describe_kind, ensure_private_dir, make_private_dirs
 from .records import CheckpointDirBusyError, CheckpointDirChangedError, CheckpointDirError, MalformedSidecarError
+from .scan import OUR_NAME
 from .sidecar import DEFAULT_RUN, TOOL, check_run_name, read_sidecar
 
 __all__ = ["CheckpointFolder", "LOCK_FILE", "STAGING_PREFIX"]
@@ -43,6 +47,8 @@ LOCK_FILE = ".traincontrol.lock"
 #: Hidden staging folders of saves in progress: ``.partial-RUNID-SEQ``.
 STAGING_PREFIX = ".partial-"
 _LOCK_RECORD_BYTES = 4096  # one page: a record is written with one pwrite, whole or not at all
+#: A staging folder's name, as a save makes it (the only kind an intent record may name, with model files).
+_STAGING_NAME = re.compile(r"^\.partial-[0-9a-f]{32}-\d{1,16}$")
 
 
 class CheckpointFolder:
@@ -204,9 +210,16 @@ class CheckpointFolder:
                 ) from error
             raise CheckpointDirError(f"Could not open {lock_path}: {error.strerror}; expected a regular file of ours.") from error
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise CheckpointDirError(f"{lock_path} is not a regular file; expected the folder's lock file.")
-            if _identity(os.fstat(fd)) != _identity(os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)):
+            uid = os.getuid() if hasattr(os, "getuid") else None
+            if uid is not None and st.st_uid != uid:
+                raise CheckpointDirError(
+                    f"{lock_path} belongs to uid {st.st_uid}, not to this user (uid {uid}): a lock file someone else put "
+                    f"there is not acted on. Expected a lock file of this user's; use a checkpoint folder of your own."
+                )
+            if _identity(st) != _identity(os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)):
                 raise CheckpointDirChangedError(f"{self.directory} was replaced while being opened; expected one folder.")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -217,7 +230,14 @@ class CheckpointFolder:
                     f"(pid {holder.get('pid', '?')}); expected a folder no live run holds. Give this run its own "
                     f"checkpoint_dir, or end that run first."
                 ) from None
-            return fd, _read_record(fd)
+            record = _read_record(fd)
+            if st.st_mode & 0o022:  # others could have written its intent: what it says is not acted on
+                os.fchmod(fd, 0o600)
+                if record.get("pending") is not None:
+                    logger.warning("%s was writable by others (mode %s): its recorded intent was ignored and the "
+                                   "file made private.", lock_path, stat.filemode(st.st_mode))
+                record = {key: value for key, value in record.items() if key != "pending"}
+            return fd, record
         except BaseException:
             os.close(fd)
             raise
@@ -250,10 +270,12 @@ class CheckpointFolder:
         pending = self._pending
         if pending is None:
             return
+        # Only what this tool writes: its checkpoint files and its staging folders.
         staging, model_file = pending.get("staging"), pending.get("file")
-        if isinstance(model_file, str) and _is_plain_name(model_file) and not self._is_committed(model_file):
+        ours = isinstance(model_file, str) and model_file.endswith(".keras") and OUR_NAME.match(model_file)
+        if ours and not self._is_committed(model_file):
             self.remove_if_same(model_file, pending.get("inode"), pending.get("size"))
-        if isinstance(staging, str) and _is_plain_name(staging) and staging.startswith(STAGING_PREFIX):
+        if isinstance(staging, str) and _STAGING_NAME.match(staging):
             self.remove_staging(staging)
         self.record_intent(None)
         self.phase("recovered")
@@ -306,10 +328,6 @@ class CheckpointFolder:
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
-
-
-def _is_plain_name(name: str) -> bool:
-    return 0 < len(name) <= 255 and "/" not in name and "\0" not in name and name not in (".", "..")
 
 
 def _write_record(fd: int, record: Mapping[str, Any]) -> None:

@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointDirError",
     "CheckpointError",
     "MalformedSidecarError",
+    "NonFiniteStateError",
     "Restored",
     "SkippedCheckpoint",
     "TrainingPosition",
@@ -38,6 +39,19 @@ class CheckpointDirBusyError(CheckpointDirError):
 
 class CheckpointDirChangedError(CheckpointDirError):
     """The checkpoint folder was replaced or removed under a live run."""
+
+
+class NonFiniteStateError(CheckpointError):
+    """The state to write holds NaN or infinite values: it is not written.
+
+    Attributes:
+        variables: The variables that do (``layers/dense/vars/0``).
+    """
+
+    def __init__(self, variables: list[str]):
+        self.variables = list(variables)
+        more = f" and {len(self.variables) - 3} more" if len(self.variables) > 3 else ""
+        super().__init__(f"not written: the weights are not all finite ({', '.join(self.variables[:3])}{more} hold NaN or inf)")
 
 
 class MalformedSidecarError(CheckpointError):

@@ -106,20 +106,29 @@ def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
         TimeoutError: If no acknowledgement came within `timeout`.
     """
     deadline = time.monotonic() + timeout
+    shown = repr(shorten(name, 80))
     while True:
         try:
             record = find_run(name)
-        except RunNotFoundError:  # ended and its process exited: its last record says
-            record = read_tombstone(name) or {"acks": [], "live": False, "state": "gone"}
+        except RunNotFoundError:  # its process let it go: its last record says, and it is never live
+            record = read_tombstone(name)
+            if record is None:
+                raise NotListeningError(f"Run {shown} is gone (its process exited) before acknowledging {request}.") from None
+            record = {**record, "live": False, "tombstone": True}
         ack = next((a for a in record.get("acks") or [] if request.request_id in a["ids"]), None)
         if ack is not None:
             if ack.get("outcome") == "failed":
-                raise CommandFailedError(f"Run {shorten(name, 80)!r} could not carry out {request}: {ack.get('message')}")
+                raise CommandFailedError(f"Run {shown} could not carry out {request}: {ack.get('message')}")
             return ack
-        if not record.get("live", True):
-            raise NotListeningError(f"Run {shorten(name, 80)!r} died before applying {request}.")
         if record.get("state") in FINAL_STATES:
-            raise NotListeningError(f"Run {shorten(name, 80)!r} ended ({record.get('state')}) before applying {request}.")
+            raise NotListeningError(f"Run {shown} ended ({record.get('state')}) before applying {request}.")
+        if record.get("tombstone"):
+            raise NotListeningError(
+                f"Run {shown}'s process let it go, but its last record says {record.get('state')}: it could not write "
+                f"its final record (a full disk?); what became of {request} is unknown."
+            )
+        if not record.get("live", True):
+            raise NotListeningError(f"Run {shown} died before applying {request}.")
         if time.monotonic() >= deadline:
             raise TimeoutError(f"Sent {request} to run {shorten(name, 80)!r}, but it did not acknowledge it within {timeout:g} s.")
         time.sleep(_WAIT_POLL_SECONDS)

@@ -180,14 +180,21 @@ class FitSession:
 
     def _resume(self, store) -> None:
         run = self.run
-        self.resumption = resume_from_latest(self.model, store, on_skip=self._report_skipped, data_order=self.data_order)
+        self.resumption = resume_from_latest(self.model, store, on_skip=self._report_skipped, data_order=self.data_order,
+                                             on_skipped=self._skipped)
         self._stack.callback(self.resumption.undo)
+        if self.resumption.skipping:  # until then, a checkpoint is of the resumed one's weights and position
+            self.progress.pinned = self.resumption.checkpoint.position
         self.progress.epoch = self.resumption.epoch
         self.progress.global_step = self.trained.step()
         run.journal.log("info", self.resumption.message)
         self.say(self.resumption.message)
         for difference in self.resumption.differences:  # said once, at resume; a warning reaches
             run.journal.log("warning", difference)       # stderr through `logging` even when not verbose
+
+    def _skipped(self) -> None:
+        """The resumed epoch's batches already trained are drawn: training goes on from here."""
+        self.progress.pinned = None
 
     def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
         message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
@@ -200,8 +207,11 @@ class FitSession:
         self.model.stop_training = True
 
     def _resume_state(self, position: TrainingPosition) -> dict:
-        """What a checkpoint at `position` keeps for an exact resume (`random_state`)."""
+        """What a checkpoint at `position` keeps for an exact resume (`random_state`);
+        while a resume still skips, the resumed checkpoint's own."""
         progress = self.progress
+        if progress.pinned is not None:
+            return self.resumption.checkpoint.info.get("resume_state")
         in_epoch = position.resume_epoch == progress.epoch
         started = self.random_at_epoch_start if in_epoch else None
         data = None
@@ -267,10 +277,11 @@ class FitSession:
         self.close(RunState.FAILED, self.lost_because or "fit raised an exception; on_train_end never ran.")
 
     def _leave_job(self) -> None:
-        """Leaves the job; the error recorded is led by a lost process, if any."""
+        """Leaves the job; the error recorded is led by a lost process, if any.
+        Agreed requests whose step never came stay unanswered, as a single
+        run's command that came after its last batch: the sender learns the
+        run ended before applying it."""
         self.error = self.job.end(self.final_state, self.error)
-        for request in self.job.undelivered():
-            self.run.journal.acknowledge(request, "ignored", "fit ended before the step the job agreed on")
 
     def _close_run(self) -> None:
         self.run.close(self.final_state, self.error)

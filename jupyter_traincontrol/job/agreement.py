@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable
 
-from ..protocol import Request, parse_request
+from ..protocol import FINAL_STATES, Request, parse_request
 from .coordination import Coordination, JobLostError, first_line, timed_out
 
 __all__ = ["Agreement", "AgreedChannel"]
@@ -46,28 +46,51 @@ class Agreement:
         self._lock = threading.Lock()
         self.next_seq = 1
 
-    def propose(self, request: Request, step: int) -> None:
+    def propose(self, request: Request, step: int) -> str | None:
         """Training thread: proposes `request` for `step`, waits until every
-        process has it (they cannot pass `step` meanwhile).
+        process has it (they cannot pass `step` meanwhile). Never raises into
+        the training: a proposal that cannot be agreed on is answered.
 
-        Raises:
-            JobLostError: A process was lost meanwhile.
-            RuntimeError: A process did not acknowledge in time.
+        Returns:
+            None once every process has it; else why it will not be applied
+            (a process has ended its `fit`, was lost, or did not answer).
         """
         kv = self.coordination
-        seq = kv.increment(kv.key("seq"), 1)
-        line = str(request) + (f" #{request.request_id}" if request.request_id else "")
-        kv.set(kv.key("cmd", seq), json.dumps({"line": line, "step": step, "from": self.process_id}))
-        for process in range(self.num_processes):
-            try:
-                kv.wait_for(kv.key("ack", seq, process), self.agree_timeout, f"process {process} to acknowledge {request}")
-            except (TimeoutError, RuntimeError) as error:
-                if isinstance(error, JobLostError):
-                    raise
-                raise RuntimeError(
-                    f"Process {process} of {self.num_processes} did not acknowledge {request} "
-                    f"within {self.agree_timeout:g} s: {first_line(error)}"
-                ) from None
+        waiting_for = "the coordination service"
+        try:
+            seq = kv.increment(kv.key("seq"), 1)
+            line = str(request) + (f" #{request.request_id}" if request.request_id else "")
+            kv.set(kv.key("cmd", seq), json.dumps({"line": line, "step": step, "from": self.process_id}))
+            for process in range(self.num_processes):
+                waiting_for = f"process {process} of {self.num_processes}"
+                answered = kv.wait_for(kv.key("ack", seq, process), self.agree_timeout,
+                                       f"process {process} to acknowledge {request}",
+                                       give_up=lambda process=process: self._ended(process))
+                if answered is None:
+                    self._withdraw(seq)
+                    return f"process {process} of {self.num_processes} has ended fit; the job did not apply it"
+        except JobLostError as error:
+            return str(error)
+        except Exception as error:  # a timeout, or the coordination service went away
+            return f"the job could not agree on it: {waiting_for} did not answer within {self.agree_timeout:g} s ({first_line(error)})"
+        return None
+
+    def _ended(self, process: int) -> bool:
+        """True once `process` said in its heartbeat that its `fit` ended."""
+        if process == self.process_id:
+            return False
+        beat = self.coordination.try_get(self.coordination.key("beat", process))
+        try:
+            return beat is not None and json.loads(beat).get("state") in {str(state) for state in FINAL_STATES}
+        except (ValueError, AttributeError):
+            return False
+
+    def _withdraw(self, seq: int) -> None:
+        """Drops proposal `seq` from this process's queue (it will not be applied)."""
+        with self._lock:
+            kept = [entry for entry in self._agreed if entry[1] != seq]
+            heapq.heapify(kept)
+            self._agreed = kept
 
     def receive(self, timeout: float) -> bool:
         """Watcher thread: takes the next proposal if it comes within
@@ -102,12 +125,6 @@ class Agreement:
                 return heapq.heappop(self._agreed)[2]
         return None
 
-    def undelivered(self) -> list[Request]:
-        """Agreed requests whose step never came (the `fit` ended first)."""
-        with self._lock:
-            left, self._agreed = [entry[2] for entry in sorted(self._agreed)], []
-        return left
-
 
 class AgreedChannel:
     """What the boundary layer reads in a job: the requests every process
@@ -119,13 +136,17 @@ class AgreedChannel:
         local: The run's own channel (its FIFO).
         progress: Where training stands (its ``boundary`` counter).
         lost: Returns why a peer is lost, or None.
+        refused: Called with a request the job could not agree on, and why
+            (the run answers it ``failed``).
     """
 
-    def __init__(self, agreement: Agreement, local, progress, lost: Callable[[], str | None]):
+    def __init__(self, agreement: Agreement, local, progress, lost: Callable[[], str | None],
+                 refused: Callable[[Request, str], None]):
         self.agreement = agreement
         self.local = local
         self.progress = progress
         self._lost = lost
+        self._refused = refused
         self._holding = False
 
     @property
@@ -146,7 +167,9 @@ class AgreedChannel:
         # Held, every process waits at this very boundary: apply it here.
         step = self.progress.boundary + (0 if self._holding else 1)
         while (request := self.local.pop()) is not None:
-            self.agreement.propose(request, step)
+            why = self.agreement.propose(request, step)
+            if why is not None:
+                self._refused(request, why)
 
     def pop(self) -> Request | None:
         return self.agreement.pop_due(self.progress.boundary)

@@ -13,7 +13,7 @@ do (the tests use a dict-backed one).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["Coordination", "JobLostError", "timed_out", "first_line", "KEY_ROOT"]
 
@@ -89,9 +89,15 @@ class Coordination:
         """Every ``(key, value)`` under the folder `key` (ending in ``/``)."""
         return self.client.key_value_dir_get(key)
 
-    def wait_for(self, key: str, timeout: float, what: str) -> str:
+    def wait_for(self, key: str, timeout: float, what: str, give_up: Callable[[], bool] | None = None) -> str | None:
         """The value of `key` once set, waiting up to `timeout` seconds, in
         slices: a lost process ends the wait at once.
+
+        Args:
+            key: The key.
+            timeout: Seconds to wait at most.
+            what: What is awaited, for messages.
+            give_up: Asked before each slice: True ends the wait (None returned).
 
         Raises:
             JobLostError: A process was lost meanwhile.
@@ -101,6 +107,8 @@ class Coordination:
         while True:
             if self.lost:
                 raise JobLostError(f"Gave up waiting for {what}: {self.lost}")
+            if give_up is not None and give_up():
+                return None
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"Waited {timeout:g} s for {what}.")

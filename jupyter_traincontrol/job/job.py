@@ -206,12 +206,15 @@ class Job:
         self._watcher.start()
 
     def channel(self, local, progress) -> AgreedChannel:
-        """The channel the boundary layer reads: agreed requests, when due."""
-        return AgreedChannel(self.agreement, local, progress, lambda: self.kv.lost)
+        """The channel the boundary layer reads: agreed requests, when due.
+        A request the job cannot agree on (a peer has ended its `fit`) is
+        answered ``failed`` at once, saying why; the training goes on."""
+        return AgreedChannel(self.agreement, local, progress, lambda: self.kv.lost, self._refuse)
 
-    def undelivered(self) -> list[Request]:
-        """Agreed requests whose step never came (the `fit` ended first)."""
-        return self.agreement.undelivered()
+    def _refuse(self, request: Request, why: str) -> None:
+        journal = self._run.journal
+        journal.log("warning", f"'{request}' not applied: {why}.")
+        journal.acknowledge(request, "failed", f"not applied: {why}")
 
     def end(self, final_state: str | None = None, error: str | None = None) -> str | None:
         """Leaves the job (idempotent; from any thread): stops the watcher,

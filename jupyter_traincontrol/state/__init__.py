@@ -9,9 +9,9 @@
 Keras (and numpy) are imported lazily, inside the functions.
 """
 
-from .keras_state import (KerasState, all_finite, assign_variables, copy_variables, optimizer_step, restore_weights,
-                          sync_model_state)
+from .keras_state import (KerasState, all_finite, assign_variables, copy_variables, non_finite_variables, optimizer_step,
+                          restore_weights, sync_model_state)
 from .snapshot import ModelSnapshot, SnapshotBuffers
 
-__all__ = ["KerasState", "ModelSnapshot", "SnapshotBuffers", "all_finite", "assign_variables", "copy_variables", "optimizer_step",
-           "restore_weights", "sync_model_state"]
+__all__ = ["KerasState", "ModelSnapshot", "SnapshotBuffers", "all_finite", "assign_variables",
+           "copy_variables", "non_finite_variables", "optimizer_step", "restore_weights", "sync_model_state"]

@@ -17,7 +17,9 @@ model's variables between two batches:
   optimizer that is not built).
 - `copy_variables`, `assign_variables`: a backup of every variable, and
   putting it back (after a failed load).
-- `all_finite`: whether every weight is a finite number.
+- `all_finite`, `non_finite_variables`: whether every weight (and
+  optimizer variable) is a finite number; no checkpoint of bad weights is
+  ever written or loaded.
 
 Keras and numpy are imported lazily, inside the functions.
 """
@@ -26,11 +28,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..checkpoint import Checkpoint, CheckpointError
+from ..checkpoint import Checkpoint, CheckpointError, NonFiniteStateError
 from .snapshot import ModelSnapshot, SnapshotBuffers
 
 __all__ = ["KerasState", "sync_model_state", "optimizer_step", "restore_weights", "copy_variables",
-           "assign_variables", "all_finite"]
+           "assign_variables", "all_finite", "non_finite_variables"]
 
 
 class KerasState:
@@ -57,6 +59,11 @@ class KerasState:
         """A host copy of what ``model.save`` writes, into `buffers`' arrays."""
         return ModelSnapshot.take(self.model, buffers)
 
+    def live(self):
+        """The model itself, written with ``model.save`` on the training
+        thread, unless a variable is not finite (then nothing is written)."""
+        return _FiniteOnly(self.model)
+
     def views(self) -> Any:
         """What the writer writes while the training thread waits: views of
         the variables (`ModelSnapshot` without a copy; its writer skips two
@@ -65,11 +72,7 @@ class KerasState:
         try:
             return ModelSnapshot.take(self.model, copy=False)
         except Exception:  # noqa: BLE001 - model.save then says what is wrong, as before
-            return self.model
-
-    def live(self):
-        """The model itself (``model.save``, on the training thread)."""
-        return self.model
+            return _FiniteOnly(self.model)
 
     def all_finite(self) -> bool:
         """True if every weight is a finite number."""
@@ -80,11 +83,15 @@ class KerasState:
         running metrics over; on failure the model is as it was.
 
         Raises:
-            CheckpointError: If the checkpoint does not load into this model.
+            CheckpointError: If the checkpoint does not load into this
+                model, or holds weights that are not all finite.
         """
         saved = copy_variables(self.model)
         try:
             restore_weights(self.model, checkpoint)
+            bad = non_finite_variables(self.model)
+            if bad:
+                raise CheckpointError(f"{checkpoint.path.name} holds weights that are not all finite ({', '.join(bad[:3])})")
         except CheckpointError:
             assign_variables(saved)
             raise
@@ -161,3 +168,31 @@ def all_finite(model) -> bool:
     import numpy as np
 
     return all(np.isfinite(np.asarray(variable)).all() for variable in model.weights)
+
+
+def non_finite_variables(model) -> list[str]:
+    """The paths of `model`'s weights and optimizer variables that hold a
+    NaN or an infinity (its state up to date), in order; empty if none."""
+    import numpy as np
+
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.weights) + (list(optimizer.variables) if optimizer is not None and optimizer.built else [])
+    bad = []
+    for variable in variables:
+        value = np.asarray(variable)
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            bad.append(variable.path)
+    return bad
+
+
+class _FiniteOnly:
+    """A model whose ``save`` writes nothing unless every variable is finite."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def save(self, path) -> None:
+        bad = non_finite_variables(self.model)
+        if bad:
+            raise NonFiniteStateError(bad)
+        self.model.save(path)

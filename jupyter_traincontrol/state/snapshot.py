@@ -20,9 +20,8 @@ model, an optimizer that keeps Keras's own ``save_own_variables`` (the
 variables in order, keys ``"0"``, ``"1"``...) hands the store its variables
 instead of their ``numpy()`` copies; the file's layout is the same.
 
-With ``copy=False`` the snapshot keeps views of the variables' buffers
-instead: no memory and no time, for a checkpoint written while the training
-thread waits (a ``stop``), so that it skips the copies ``model.save`` makes.
+With ``copy=False`` it keeps views of the variables' buffers instead (no
+memory, no time), for a checkpoint written while the training thread waits.
 
 `ModelSnapshot.save(path)` then writes the ``.keras`` file from that copy,
 on any thread, without touching the model (host arrays go to h5py as they
@@ -30,15 +29,14 @@ are, and the HDF5 image is streamed into the zip from its buffer: two
 copies fewer than ``model.save``): the zip holds the same
 ``metadata.json``, ``config.json``, ``model.weights.h5`` and ``assets/`` as
 ``model.save`` would have written at the moment of the snapshot, and
-`keras.models.load_model` opens it. It has a ``save(path)`` method like a
-model's, so `CheckpointStore.save` writes a snapshot exactly as it writes
-a model (same staging, renames and intent record).
+`keras.models.load_model` opens it; a snapshot holding a NaN or an
+infinity is not written (`NonFiniteStateError`). `CheckpointStore.save`
+writes a snapshot exactly as it writes a model (``save(path)``).
 
 Memory: a snapshot holds one host copy of the model's variables and the
 optimizer's (for Adam, three times the weights) until it is dropped; with
 `SnapshotBuffers`, the run keeps that copy from its first snapshot until it
-calls `SnapshotBuffers.clear` (`SaveScheduler.close`, at the end of
-`fit`).
+calls `SnapshotBuffers.clear` (`SaveScheduler.close`, at `fit`'s end).
 
 Example:
 
@@ -53,6 +51,8 @@ import shutil
 import threading
 import zipfile
 from typing import Any, Iterator
+
+from ..checkpoint import NonFiniteStateError
 
 __all__ = ["ModelSnapshot", "SnapshotBuffers"]
 
@@ -147,9 +147,30 @@ class ModelSnapshot:
         return cls(config_json, metadata_json, recorder.entries, assets.tmp_dir, recorder.arrays,
                    buffers if copy else None)
 
+    def non_finite(self) -> list[str]:
+        """The variables holding a NaN or an infinity (``layers/dense/vars/0``);
+        one vectorised pass over the copy's floating-point arrays."""
+        import numpy as np
+
+        found = []
+        for inner_path, _metadata, items in self._entries:
+            for key, value in items:
+                if isinstance(value, np.ndarray) and value.dtype.kind in "fc" and not np.isfinite(value).all():
+                    found.append(f"{inner_path}/{key}".strip("/"))
+        return found
+
     def save(self, path) -> None:
-        """Writes the ``.keras`` file at `path` (a new file), from the copy."""
+        """Writes the ``.keras`` file at `path` (a new file), from the copy.
+
+        Raises:
+            NonFiniteStateError: Before writing anything, if a variable
+                holds a NaN or an infinity: no checkpoint of bad weights.
+        """
         from keras.src.saving import saving_lib
+
+        bad = self.non_finite()
+        if bad:
+            raise NonFiniteStateError(bad)
 
         with open(path, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
             archive.writestr(saving_lib._METADATA_FILENAME, self._metadata_json)

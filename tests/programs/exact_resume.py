@@ -14,7 +14,9 @@ STOP, where this leg sends ``stop`` (``none``: never):
 ``batch:N`` after global training batch N (mid-epoch, or at an epoch's end
 when N is a multiple of the batches per epoch); ``val:E`` during the
 validation of epoch E (zero-based), after its first batch; ``pause:N``
-after global batch N, ``pause`` then ``stop`` while paused.
+after global batch N, ``pause`` then ``stop`` while paused; ``skip:N``
+after global batch N while a resume still skips the batches its checkpoint
+already trained (N before the checkpoint's batch).
 
 With ``resume``, the leg continues from the newest checkpoint in CKPT. Writes
 to OUT (.npz): the final weights and optimizer variables, and the History
@@ -109,7 +111,7 @@ def main(data: str, stop: str, out: str, checkpoints: str, resume: bool) -> None
             StopAt.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
-            if kind in ("batch", "pause") and StopAt.epoch * BATCHES + batch + 1 == int(at):
+            if kind in ("batch", "pause", "skip") and StopAt.epoch * BATCHES + batch + 1 == int(at):
                 if kind == "pause":
                     control.lifecycle.channel.inject("pause")  # the stop then arrives while paused
                 control.lifecycle.channel.inject("stop")

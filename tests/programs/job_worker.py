@@ -1,7 +1,7 @@
 """One process of a multi-process JAX job under `ControlCallback` (for tests/test_distributed.py).
 
     python job_worker.py PROCESS NUM_PROCESSES PORT NAME CHECKPOINT_DIR LOG [--epochs N] [--batch-sleep S]
-                         [--lost-after S] [--no-preemption-service] [--resume]
+                         [--lost-after S] [--no-preemption-service] [--resume] [--chief-end-work S]
 
 Appends one JSON line per event to LOG.PROCESS: each command this process
 applied with the batch boundary it applied it at, its final state as its
@@ -32,6 +32,8 @@ parser.add_argument("--lost-after", type=float, default=5.0)
 parser.add_argument("--exit-grace", type=float, default=5.0)
 parser.add_argument("--no-preemption-service", action="store_true", help="SIGTERM handled by our own handler")
 parser.add_argument("--resume", action="store_true")
+parser.add_argument("--chief-end-work", type=float, default=0.0,
+                    help="process 0 works this long at the end of the last epoch, before the control's hook")
 args = parser.parse_args()
 
 import jax  # noqa: E402
@@ -85,7 +87,16 @@ class Pace(keras.callbacks.Callback):
         time.sleep(args.batch_sleep)
 
 
-history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=[control, Pace()])
+class ChiefEndWork(keras.callbacks.Callback):
+    """Process 0's work at the end of the last epoch (logging, an evaluation): the others have ended fit."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if args.process == 0 and epoch == args.epochs - 1 and args.chief_end_work:
+            log.write(json.dumps({"kind": "end-work"}) + "\n")
+            time.sleep(args.chief_end_work)
+
+
+history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=[ChiefEndWork(), control, Pace()])
 result = {"process": args.process, "state": str(control.state), "epochs": len(history.epoch),
           "sigterm_restored": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
           "optimizer_step": int(model.optimizer.iterations.numpy()), "boundary": control.session.progress.boundary,

@@ -53,6 +53,11 @@ class Resumption:
         self._saved_initial_epoch: tuple[Any] | None = None
         self._skipper: BatchSkipper | None = None
 
+    @property
+    def skipping(self) -> bool:
+        """True while the batches the checkpoint already trained are being drawn."""
+        return self._skipper is not None and self._skipper.active
+
     def undo(self) -> None:
         """Puts back the model's train function and initial epoch. Idempotent."""
         if self._skipper is not None:
@@ -65,7 +70,7 @@ class Resumption:
 
 def resume_from_latest(
     model, store: CheckpointStore, on_skip: Callable[[SkippedCheckpoint], None] | None = None,
-    data_order: DataOrder | None = None,
+    data_order: DataOrder | None = None, on_skipped: Callable[[], None] | None = None,
 ) -> Resumption:
     """Loads the newest checkpoint of `store` that loads into `model`, and
     positions `fit` there.
@@ -83,6 +88,8 @@ def resume_from_latest(
             the checkpoint are replayed (tf.data iterators, a PyDataset's
             epoch hooks) before the first epoch. None: the data's own
             state is not restored (and the resume says so).
+        on_skipped: Called once the batches already trained have all been
+            drawn (at once if there are none to skip).
 
     Returns:
         The `Resumption` (with nothing changed if no checkpoint loads).
@@ -104,8 +111,14 @@ def resume_from_latest(
         backend = keras.backend.backend()
         if can_skip_batches(backend):
             saved_random = latest.info.get("resume_state")
+
+            def all_drawn():
+                random_state.restore_now(saved_random)
+                if on_skipped is not None:
+                    on_skipped()
+
             resumption._skipper = BatchSkipper(model, position.resume_step, latest.info.get("metrics", {}), backend,
-                                               on_done=lambda: random_state.restore_now(saved_random))
+                                               on_done=all_drawn)
             resumption._skipper.install()
             skipped = f", skipping its first {position.resume_step} batches (already trained)"
         else:
