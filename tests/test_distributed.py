@@ -237,9 +237,11 @@ def test_a_lost_process_makes_the_others_fail_naming_it(tmp_path, jobs, runtime_
 
 def test_a_command_that_reaches_the_job_after_a_peer_ended_fit_is_answered_at_once(tmp_path, jobs):
     """Process 0 still works at the end of the last epoch when a save comes;
-    process 1 has ended its fit. The save is answered at once, not applied
-    (the job cannot agree on it), and the job ends as it trained: finished."""
-    job = jobs(tmp_path, 2, "late", "--epochs", "2", "--batch-sleep", "0", "--chief-end-work", "20")
+    process 1 has ended its fit. Proposed at process 0's next boundary (after
+    its work), the save is answered at once, not applied (the job cannot
+    agree on it: no 60 s wait for an acknowledgement that cannot come, no
+    error raised into fit), and the job ends as it trained: finished."""
+    job = jobs(tmp_path, 2, "late", "--epochs", "2", "--batch-sleep", "0", "--end-work", "0:5")
     wait_until(lambda: any(e["kind"] == "end-work" for e in job.events(0)), timeout=120, message="process 0's end work")
     wait_until(lambda: any(e["kind"] == "final" for e in job.events(1)), timeout=60, message="process 1 to end fit")
     started = time.monotonic()
@@ -247,7 +249,22 @@ def test_a_command_that_reaches_the_job_after_a_peer_ended_fit_is_answered_at_on
     answered_in = time.monotonic() - started
     assert result.returncode == 6, (result.returncode, result.stdout, result.stderr)
     assert "not applied: process 1 of 2 has ended fit" in result.stderr
-    assert answered_in < 10, answered_in
+    assert answered_in < 30, answered_in  # the 5 s of work, then at once (not the 60 s agree timeout)
     assert job.wait(120) == [0, 0], [text[-3000:] for text in job.stderr]
     finals = [next(e for e in job.events(i) if e["kind"] == "final") for i in range(2)]
     assert [f["state"] for f in finals] == ["finished", "finished"], finals
+
+
+def test_a_command_agreed_on_after_the_last_batch_never_counts_as_applied(tmp_path, jobs):
+    """Both processes still work at the end of the last epoch when a stop
+    comes: the job agrees on it for the next step, which never comes. Like a
+    single run's command that came after its last batch, it is never
+    answered as if it had been applied: `send --wait` says the run ended
+    before applying it (exit 4), and the job ends finished."""
+    job = jobs(tmp_path, 2, "last", "--epochs", "2", "--batch-sleep", "0", "--end-work", "0:2", "--end-work", "1:10")
+    wait_until(lambda: any(e["kind"] == "end-work" for e in job.events(0)), timeout=120, message="process 0's end work")
+    result = cli("send", "last", "stop", "--wait", "60", timeout=90)
+    assert result.returncode == 4, (result.returncode, result.stdout, result.stderr)
+    assert "ended (finished) before applying stop" in result.stderr
+    assert job.wait(120) == [0, 0], [text[-3000:] for text in job.stderr]
+    assert [next(e for e in job.events(i) if e["kind"] == "final")["state"] for i in range(2)] == ["finished"] * 2

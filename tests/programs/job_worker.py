@@ -1,7 +1,7 @@
 """One process of a multi-process JAX job under `ControlCallback` (for tests/test_distributed.py).
 
     python job_worker.py PROCESS NUM_PROCESSES PORT NAME CHECKPOINT_DIR LOG [--epochs N] [--batch-sleep S]
-                         [--lost-after S] [--no-preemption-service] [--resume] [--chief-end-work S]
+                         [--lost-after S] [--no-preemption-service] [--resume] [--end-work PROCESS:S ...]
 
 Appends one JSON line per event to LOG.PROCESS: each command this process
 applied with the batch boundary it applied it at, its final state as its
@@ -32,8 +32,8 @@ parser.add_argument("--lost-after", type=float, default=5.0)
 parser.add_argument("--exit-grace", type=float, default=5.0)
 parser.add_argument("--no-preemption-service", action="store_true", help="SIGTERM handled by our own handler")
 parser.add_argument("--resume", action="store_true")
-parser.add_argument("--chief-end-work", type=float, default=0.0,
-                    help="process 0 works this long at the end of the last epoch, before the control's hook")
+parser.add_argument("--end-work", action="append", default=[], metavar="PROCESS:SECONDS",
+                    help="that process works this long at the end of the last epoch, before the control's hook")
 args = parser.parse_args()
 
 import jax  # noqa: E402
@@ -87,16 +87,19 @@ class Pace(keras.callbacks.Callback):
         time.sleep(args.batch_sleep)
 
 
-class ChiefEndWork(keras.callbacks.Callback):
-    """Process 0's work at the end of the last epoch (logging, an evaluation): the others have ended fit."""
+END_WORK = {int(process): float(seconds) for process, seconds in (item.split(":") for item in args.end_work)}
+
+
+class EndWork(keras.callbacks.Callback):
+    """Work at the end of the last epoch (chief-only logging, an evaluation), before the control's hook."""
 
     def on_epoch_end(self, epoch, logs=None):
-        if args.process == 0 and epoch == args.epochs - 1 and args.chief_end_work:
+        if epoch == args.epochs - 1 and END_WORK.get(args.process):
             log.write(json.dumps({"kind": "end-work"}) + "\n")
-            time.sleep(args.chief_end_work)
+            time.sleep(END_WORK[args.process])
 
 
-history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=[ChiefEndWork(), control, Pace()])
+history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=[EndWork(), control, Pace()])
 result = {"process": args.process, "state": str(control.state), "epochs": len(history.epoch),
           "sigterm_restored": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
           "optimizer_step": int(model.optimizer.iterations.numpy()), "boundary": control.session.progress.boundary,
