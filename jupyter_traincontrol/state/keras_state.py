@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..checkpoint import Checkpoint, CheckpointError, NonFiniteStateError
+from .arrays import is_finite
 from .snapshot import ModelSnapshot, SnapshotBuffers
 
 __all__ = ["KerasState", "sync_model_state", "optimizer_step", "restore_weights", "copy_variables",
@@ -177,12 +178,7 @@ def non_finite_variables(model) -> list[str]:
 
     optimizer = getattr(model, "optimizer", None)
     variables = list(model.weights) + (list(optimizer.variables) if optimizer is not None and optimizer.built else [])
-    bad = []
-    for variable in variables:
-        value = np.asarray(variable)
-        if value.dtype.kind in "fc" and not np.isfinite(value).all():
-            bad.append(variable.path)
-    return bad
+    return [variable.path for variable in variables if not is_finite(np.asarray(variable))]
 
 
 class _FiniteOnly:

@@ -53,9 +53,9 @@ import zipfile
 from typing import Any, Iterator
 
 from ..checkpoint import NonFiniteStateError
+from .arrays import is_finite
 
 __all__ = ["ModelSnapshot", "SnapshotBuffers"]
-
 
 class SnapshotBuffers:
     """Host arrays kept between the snapshots of one run, reused by the next.
@@ -150,14 +150,8 @@ class ModelSnapshot:
     def non_finite(self) -> list[str]:
         """The variables holding a NaN or an infinity (``layers/dense/vars/0``);
         one vectorised pass over the copy's floating-point arrays."""
-        import numpy as np
-
-        found = []
-        for inner_path, _metadata, items in self._entries:
-            for key, value in items:
-                if isinstance(value, np.ndarray) and value.dtype.kind in "fc" and not np.isfinite(value).all():
-                    found.append(f"{inner_path}/{key}".strip("/"))
-        return found
+        return [f"{inner_path}/{key}".strip("/") for inner_path, _metadata, items in self._entries
+                for key, value in items if not is_finite(value)]
 
     def save(self, path) -> None:
         """Writes the ``.keras`` file at `path` (a new file), from the copy.
