@@ -6,6 +6,9 @@ Like nbclient, but a cell's tags can ask for what a person would do next:
   the kernel (`KernelManager.interrupt_kernel()`, as the toolbar button does).
 - ``restart-kernel``: once the run is training, restart the kernel.
 
+With ``follow_tags=False`` the tags are ignored: the notebook runs top to
+bottom as **Run All** runs it, with nobody pressing anything.
+
 Used by ``make demo`` (examples/notebook_demo.py) and by the tests that
 execute the notebooks.
 
@@ -191,8 +194,14 @@ class NotebookRunner:
         if self.session.alive():
             self.session.shutdown()
 
-    def run(self, path: str | Path, timeout: float = 180) -> Iterator[tuple[dict, CellOutputs]]:
+    def run(self, path: str | Path, timeout: float = 180, follow_tags: bool = True) -> Iterator[tuple[dict, CellOutputs]]:
         """Executes each code cell of the notebook at `path`, in order.
+
+        Args:
+            path: The notebook.
+            timeout: Seconds a cell may take.
+            follow_tags: Interrupt or restart the kernel where a cell's tags
+                say so; False runs the cells top to bottom and nothing else.
 
         Yields:
             Each code cell (its JSON) with its outputs, after any tagged
@@ -210,6 +219,8 @@ class NotebookRunner:
             tags = cell.get("metadata", {}).get("tags", [])
             if outputs.status != "ok" and "raises-exception" not in tags:
                 raise CellError(f"Cell failed: {outputs.ename}: {outputs.evalue}\n--- cell ---\n{source}")
+            if not follow_tags:
+                tags = []
             if "interrupt-kernel" in tags:
                 self.session.wait_for(TRAINING)
                 time.sleep(1.0)  # let it train a little, as a person would watch
