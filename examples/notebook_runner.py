@@ -94,14 +94,17 @@ class KernelSession:
     Args:
         cwd: The kernel's working directory.
         env: Extra environment variables for the kernel.
+        stderr: Where the kernel process's own stderr goes (a file); by
+            default, this process's.
     """
 
-    def __init__(self, cwd: Path, env: dict[str, str] | None = None):
+    def __init__(self, cwd: Path, env: dict[str, str] | None = None, stderr=None):
         from jupyter_client.manager import start_new_kernel
 
         self.cwd = Path(cwd)
         self.km, self.kc = start_new_kernel(
-            kernel_name="python3", cwd=str(cwd), env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}, startup_timeout=90
+            kernel_name="python3", cwd=str(cwd), env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}, startup_timeout=90,
+            **({"stderr": stderr} if stderr is not None else {}),
         )
         self._early: list[dict] = []
 
@@ -182,10 +185,11 @@ class NotebookRunner:
     Args:
         cwd: The kernel's working directory.
         env: Extra environment variables for the kernel.
+        stderr: Where the kernel process's own stderr goes (see `KernelSession`).
     """
 
-    def __init__(self, cwd: Path, env: dict[str, str] | None = None):
-        self.session = KernelSession(cwd, env)
+    def __init__(self, cwd: Path, env: dict[str, str] | None = None, stderr=None):
+        self.session = KernelSession(cwd, env, stderr)
 
     def __enter__(self) -> "NotebookRunner":
         return self

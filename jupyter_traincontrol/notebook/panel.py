@@ -108,7 +108,7 @@ class ControlPanel:
         # the learning rate: a narrow panel breaks the row between groups into lines of about one length.
         def button(description, icon, command, style=""):
             return widgets.Button(description=description, icon=icon, button_style=style, tooltip=_tooltip(command),
-                                  layout=widgets.Layout(width="10.5em", flex="0 0 auto"))
+                                  layout=widgets.Layout(width="10em", flex="0 0 auto"))
 
         self.buttons = {
             "save": button("Save", "save", Command.SAVE),
@@ -124,7 +124,7 @@ class ControlPanel:
         self.learning_rate = widgets.Text(
             description="lr", placeholder="learning rate", continuous_update=False,
             tooltip="The learning rate; type a new one and press Enter to set it at the next batch",
-            layout=widgets.Layout(width="11em"), style={"description_width": "1.6em"},
+            layout=widgets.Layout(width="9em"), style={"description_width": "1.6em"},
         )
         self.learning_rate._dom_classes = (
             "traincontrol-field", "traincontrol-command-set", "traincontrol-tunable-learning_rate",
