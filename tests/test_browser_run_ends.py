@@ -140,17 +140,20 @@ def test_ended_runs_stay_listed_with_how_they_ended_across_kernel_and_server_res
         for scope in (page.locator(PANEL), place_of(page, 2, "nb-busy")):
             card = scope.locator('.jp-TrainControl-run[data-run="nb-busy"]')
             card.locator(".jp-TrainControl-outcomeText", has_text="Stopped when its kernel restarted").wait_for()
-            assert card.get_attribute("data-end-reason") == "kernel-restart"
+            assert card.get_attribute("data-end-reason") == "kernel-restart", where
             paths = [item.get_attribute("data-path") for item in card.locator(".jp-TrainControl-checkpoint").all()]
-            assert [read_sidecar(path)["reason"] for path in paths] == ["save", "stop"], where
-        for scope in (page.locator(PANEL), place_of(page, 1, "nb-done")):
-            card = scope.locator('.jp-TrainControl-run[data-run="nb-done"]')
-            card.locator(".jp-TrainControl-outcomeText", has_text="Finished: fit ran to its end").wait_for()
-            (path,) = [item.get_attribute("data-path") for item in card.locator(".jp-TrainControl-checkpoint").all()]
-            assert read_sidecar(path)["reason"] == "end", where
+            # The save's, then the restart's (jupyter_client interrupts a kernel before it shuts it down).
+            reasons = [read_sidecar(path)["reason"] for path in paths]
+            assert len(reasons) == 2 and reasons[0] == "save" and reasons[1] in ("interrupt", "stop"), (where, reasons)
         # Newest first after the live ones: nb-busy ended after nb-done.
         names = [card.get_attribute("data-run") for card in page.locator(f"{PANEL} .jp-TrainControl-run").all()]
         assert names.index("nb-busy") < names.index("nb-done"), names
+        for scope in (page.locator(PANEL), place_of(page, 1, "nb-done")):
+            card = scope.locator('.jp-TrainControl-run[data-run="nb-done"]')
+            card.locator(".jp-TrainControl-outcomeText", has_text="Finished: fit ran to its end").wait_for()
+            assert card.get_attribute("data-end-reason") == "finished", where
+            (path,) = [item.get_attribute("data-path") for item in card.locator(".jp-TrainControl-checkpoint").all()]
+            assert read_sidecar(path)["reason"] == "end", where  # save_at_end
 
     open_side_panel(page)
     check("after the kernel restart")
