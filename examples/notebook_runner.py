@@ -198,7 +198,8 @@ class NotebookRunner:
         if self.session.alive():
             self.session.shutdown()
 
-    def run(self, path: str | Path, timeout: float = 180, follow_tags: bool = True) -> Iterator[tuple[dict, CellOutputs]]:
+    def run(self, path: str | Path, timeout: float = 180, follow_tags: bool = True,
+            interrupt_in: str | None = None) -> Iterator[tuple[dict, CellOutputs]]:
         """Executes each code cell of the notebook at `path`, in order.
 
         Args:
@@ -206,6 +207,9 @@ class NotebookRunner:
             timeout: Seconds a cell may take.
             follow_tags: Interrupt or restart the kernel where a cell's tags
                 say so; False runs the cells top to bottom and nothing else.
+            interrupt_in: A fragment of a cell's source: the kernel is
+                interrupted a few seconds into that cell, as by a person who
+                ran all the cells and then pressed Interrupt.
 
         Yields:
             Each code cell (its JSON) with its outputs, after any tagged
@@ -219,7 +223,13 @@ class NotebookRunner:
             if cell["cell_type"] != "code":
                 continue
             source = "".join(cell["source"])
-            outputs = self.session.execute(source, timeout=timeout)
+            if interrupt_in is not None and interrupt_in in source:
+                msg_id = self.session.execute(source, wait=False)
+                time.sleep(3.0)  # the cell is busy now, and the run trains
+                self.session.interrupt()
+                outputs = self.session.collect(msg_id, timeout)
+            else:
+                outputs = self.session.execute(source, timeout=timeout)
             tags = cell.get("metadata", {}).get("tags", [])
             if outputs.status != "ok" and "raises-exception" not in tags:
                 raise CellError(f"Cell failed: {outputs.ename}: {outputs.evalue}\n--- cell ---\n{source}")

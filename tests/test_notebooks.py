@@ -27,11 +27,11 @@ NEEDS_SAVE_AT_END = pytest.mark.xfail(
 )
 
 
-def run_notebook(name, tmp_path, runtime_dir, follow_tags=True):
+def run_notebook(name, tmp_path, runtime_dir, follow_tags=True, interrupt_in=None):
     runtime_dir.parent.mkdir(exist_ok=True)
     shutil.copy(REPO / "notebooks" / name, tmp_path)
     with NotebookRunner(tmp_path, child_env(runtime_dir.parent)) as runner:
-        cells = [(cell, outputs) for cell, outputs in runner.run(tmp_path / name, follow_tags=follow_tags)]
+        cells = list(runner.run(tmp_path / name, follow_tags=follow_tags, interrupt_in=interrupt_in))
     for cell, outputs in cells:
         text = outputs.text()
         assert len(text.splitlines()) <= SCREEN_LINES and len(text) <= SCREEN_CHARACTERS, (
@@ -59,6 +59,16 @@ def test_quickstart(tmp_path, runtime_dir):
     resumed = output_of(cells, "resumed at epoch")
     assert "finished at 40" in resumed and "resumed at epoch 1 " not in resumed
     assert "optimizer step now: 1040" in resumed  # 40 epochs of 26 batches, exactly
+
+
+def test_quickstart_run_all_then_interrupt_while_a_later_cell_waits(tmp_path, runtime_dir):
+    """Run All, then Interrupt, as section 2 says: the waiting cell is busy
+    when the interrupt comes; the run stops with a checkpoint, and no cell fails."""
+    cells = run_notebook("quickstart.ipynb", tmp_path, runtime_dir, follow_tags=False, interrupt_in="run.wait()")
+    assert "state: stopped" in output_of(cells, "run.wait()")
+    assert "reason: interrupt, epoch " in output_of(cells, "checkpoint = run.checkpoints[-1]")
+    resumed = output_of(cells, "resumed at epoch")
+    assert "finished at 40" in resumed and "optimizer step now: 1040" in resumed
 
 
 @NEEDS_SAVE_AT_END
