@@ -4,7 +4,9 @@ Run with ``make demo``. Each code cell is executed as in JupyterLab; right
 after the training cell starts, the kernel is interrupted exactly as the
 toolbar's Interrupt button does (`KernelManager.interrupt_kernel()`). The
 interrupt stops the run gracefully with a checkpoint, and the notebook then
-resumes from it. Everything each cell prints is shown.
+resumes from it. Everything each cell prints is shown (what a person reads
+of the checkpoint's sidecar: reason, epoch, batch, optimizer step, metrics);
+the kernel process's own log lines go to a file, named at the end.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def main() -> None:
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     shutil.copy(NOTEBOOK, workdir)
+    kernel_log = Path(tempfile.gettempdir()) / "traincontrol-notebook-demo-kernel.log"
     print(f"Running {NOTEBOOK.name} in a real kernel (working directory {workdir})\n", flush=True)
     try:
-        with NotebookRunner(workdir, env) as runner:
+        with open(kernel_log, "w") as log, NotebookRunner(workdir, env, stderr=log) as runner:
             for cell, outputs in runner.run(workdir / NOTEBOOK.name):
                 source = "".join(cell["source"])
                 print(textwrap.indent(source.strip(), "In  | "), flush=True)
@@ -49,6 +52,7 @@ def main() -> None:
                     print(textwrap.indent(text, "Out | "), flush=True)
                 print(flush=True)
         print("Demo complete: the interrupt stopped the run with a checkpoint, and --resume continued from it.")
+        print(f"(The kernel process's own log: {kernel_log}.)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -6,6 +6,9 @@ Like nbclient, but a cell's tags can ask for what a person would do next:
   the kernel (`KernelManager.interrupt_kernel()`, as the toolbar button does).
 - ``restart-kernel``: once the run is training, restart the kernel.
 
+With ``follow_tags=False`` the tags are ignored: the notebook runs top to
+bottom as **Run All** runs it, with nobody pressing anything.
+
 Used by ``make demo`` (examples/notebook_demo.py) and by the tests that
 execute the notebooks.
 
@@ -91,14 +94,17 @@ class KernelSession:
     Args:
         cwd: The kernel's working directory.
         env: Extra environment variables for the kernel.
+        stderr: Where the kernel process's own stderr goes (a file); by
+            default, this process's.
     """
 
-    def __init__(self, cwd: Path, env: dict[str, str] | None = None):
+    def __init__(self, cwd: Path, env: dict[str, str] | None = None, stderr=None):
         from jupyter_client.manager import start_new_kernel
 
         self.cwd = Path(cwd)
         self.km, self.kc = start_new_kernel(
-            kernel_name="python3", cwd=str(cwd), env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}, startup_timeout=90
+            kernel_name="python3", cwd=str(cwd), env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}, startup_timeout=90,
+            **({"stderr": stderr} if stderr is not None else {}),
         )
         self._early: list[dict] = []
 
@@ -179,10 +185,11 @@ class NotebookRunner:
     Args:
         cwd: The kernel's working directory.
         env: Extra environment variables for the kernel.
+        stderr: Where the kernel process's own stderr goes (see `KernelSession`).
     """
 
-    def __init__(self, cwd: Path, env: dict[str, str] | None = None):
-        self.session = KernelSession(cwd, env)
+    def __init__(self, cwd: Path, env: dict[str, str] | None = None, stderr=None):
+        self.session = KernelSession(cwd, env, stderr)
 
     def __enter__(self) -> "NotebookRunner":
         return self
@@ -191,8 +198,18 @@ class NotebookRunner:
         if self.session.alive():
             self.session.shutdown()
 
-    def run(self, path: str | Path, timeout: float = 180) -> Iterator[tuple[dict, CellOutputs]]:
+    def run(self, path: str | Path, timeout: float = 180, follow_tags: bool = True,
+            interrupt_in: str | None = None) -> Iterator[tuple[dict, CellOutputs]]:
         """Executes each code cell of the notebook at `path`, in order.
+
+        Args:
+            path: The notebook.
+            timeout: Seconds a cell may take.
+            follow_tags: Interrupt or restart the kernel where a cell's tags
+                say so; False runs the cells top to bottom and nothing else.
+            interrupt_in: A fragment of a cell's source: the kernel is
+                interrupted a few seconds into that cell, as by a person who
+                ran all the cells and then pressed Interrupt.
 
         Yields:
             Each code cell (its JSON) with its outputs, after any tagged
@@ -206,10 +223,18 @@ class NotebookRunner:
             if cell["cell_type"] != "code":
                 continue
             source = "".join(cell["source"])
-            outputs = self.session.execute(source, timeout=timeout)
+            if interrupt_in is not None and interrupt_in in source:
+                msg_id = self.session.execute(source, wait=False)
+                time.sleep(3.0)  # the cell is busy now, and the run trains
+                self.session.interrupt()
+                outputs = self.session.collect(msg_id, timeout)
+            else:
+                outputs = self.session.execute(source, timeout=timeout)
             tags = cell.get("metadata", {}).get("tags", [])
             if outputs.status != "ok" and "raises-exception" not in tags:
                 raise CellError(f"Cell failed: {outputs.ename}: {outputs.evalue}\n--- cell ---\n{source}")
+            if not follow_tags:
+                tags = []
             if "interrupt-kernel" in tags:
                 self.session.wait_for(TRAINING)
                 time.sleep(1.0)  # let it train a little, as a person would watch

@@ -11,156 +11,33 @@ their paths are printed.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from helpers import REPO, free_port, read_sidecar, wait_until
-
-CHROMIUM = "/usr/bin/chromium"
-TOKEN = "traincontrol-browser-test"
-ARTIFACTS = REPO / "test-artifacts" / "browser"
-PANEL = "#jp-traincontrol-panel"
-PANEL_TAB = '.jp-SideBar li[data-id="jp-traincontrol-panel"]'
-STATUS_ITEM = ".jp-TrainControl-status"
-
-pytestmark = pytest.mark.skipif(
-    not os.access(CHROMIUM, os.X_OK),
-    reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium) to run the browser tests",
+from browser_harness import (  # noqa: F401  (browser, page, jupyter: fixtures)
+    NEEDS_CHROMIUM,
+    PANEL,
+    PANEL_TAB,
+    PROMPT_SECONDS,
+    STATUS_ITEM,
+    TOKEN,
+    browser,
+    jupyter,
+    kernel_state,
+    open_lab,
+    page,
+    record_of,
+    run_cell,
+    screenshot,
+    start_training_notebook,
+    timed,
+    wait_idle,
+    words,
 )
+from helpers import read_sidecar, wait_until
 
-
-class JupyterServer:
-    """`jupyter lab` or `jupyter notebook` in a subprocess, with private Jupyter folders.
-
-    The runtime dir is the test's, so the server sees the runs the test starts.
-
-    Args:
-        app: ``"lab"`` or ``"notebook"``.
-        home: A private folder for the server's config, data, settings and notebooks.
-        server_extension: Enable the jupyter_traincontrol server extension.
-    """
-
-    def __init__(self, app: str, home: Path, *, server_extension: bool = True):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config, data, settings, workspaces, root = (home / name for name in ("config", "data", "settings", "workspaces", "root"))
-        self.root = root
-        for folder in (config, data, settings, workspaces, root):
-            folder.mkdir(parents=True, exist_ok=True)
-        # No first-run "news / updates" toast over the page.
-        notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-        notification.parent.mkdir(parents=True)
-        notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-        env = {
-            **os.environ,
-            "JUPYTER_CONFIG_DIR": str(config),
-            "JUPYTER_DATA_DIR": str(data),
-            "JUPYTERLAB_SETTINGS_DIR": str(settings),
-            "JUPYTERLAB_WORKSPACES_DIR": str(workspaces),
-        }
-        app_class = "LabApp" if app == "lab" else "JupyterNotebookApp"
-        argv = [
-            sys.executable, "-m", "jupyter", app, "--no-browser", "--allow-root",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
-            f"--{app_class}.expose_app_in_browser=True",
-        ]
-        if not server_extension:  # the command line wins over the config files that enable it
-            argv += ["--ServerApp.jpserver_extensions", "jupyter_traincontrol=False"]
-        self.log_path = home / f"jupyter-{app}.log"
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        wait_until(self._answers, timeout=60, interval=0.2, message=f"jupyter {app} to answer on {self.url} (log: {self.log_path})")
-
-    def _answers(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"jupyter exited with {self.process.returncode}: {self.log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/status?token={TOKEN}", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, ConnectionError):
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@pytest.fixture
-def browser():
-    """Chromium, started per test: Playwright's sync API runs an event loop of
-    its own, which must be gone before pytest-jupyter closes the test's loop."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run",
-            ],
-        )
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    yield page
-    context.close()
-
-
-@pytest.fixture
-def jupyter(tmp_path):
-    """Starts a Jupyter server for this test; stops it at teardown."""
-    servers = []
-
-    def start(app: str = "lab", **kwargs) -> JupyterServer:
-        server = JupyterServer(app, tmp_path / f"jupyter-{app}-{len(servers)}", **kwargs)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-
-
-def screenshot(target, name: str) -> Path:
-    """Saves a screenshot of a page or element under test-artifacts/browser/ and prints its path."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / f"{name}.png"
-    target.screenshot(path=str(path))
-    print(f"screenshot: {path}")
-    return path
-
-
-def words(locator) -> str:
-    """The text of an element, non-breaking spaces read as spaces."""
-    return locator.inner_text().replace("\u00a0", " ")
-
-
-def open_lab(page, server: JupyterServer) -> None:
-    page.goto(f"{server.url}/lab?token={TOKEN}")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
-    page.wait_for_selector(PANEL_TAB)
+pytestmark = NEEDS_CHROMIUM
 
 
 def test_side_panel_shows_a_run_and_stops_it(jupyter, page, training, tmp_path):
@@ -284,92 +161,6 @@ def test_notebook_7_view_menu_pause_resume_and_palette_commands(jupyter, page, t
     assert [read_sidecar(path)["reason"] for path in result["checkpoints"]] == ["save", "stop"]
 
 
-def _notebook(cells: list[str]) -> str:
-    return json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source} for source in cells],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    })
-
-
-TRAIN_CELLS = [
-    # 0: the extension, data and a model that trains at a watchable pace
-    """%load_ext jupyter_traincontrol
-import time
-import numpy as np
-import keras
-
-rng = np.random.default_rng(0)
-x = rng.normal(size=(512, 8)).astype("float32")
-y = (x @ rng.normal(size=(8, 1))).astype("float32")
-
-def build_model():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
-
-class Slow(keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        time.sleep(0.05)""",
-    # 1: a run in the background
-    """%%interruptible_fit --name nb-busy --checkpoint-dir {ck}/nb-busy
-history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)""",
-    # 2: a long foreground cell: the kernel is busy, widget buttons cannot reach it
-    """for _ in range(1200):
-    time.sleep(0.1)
-print("foreground cell done")""",
-    # 3: another run, to be stopped from its own panel while the kernel is idle
-    """%%interruptible_fit --name nb-idle --checkpoint-dir {ck}/nb-idle
-history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)""",
-    # 4: a run that keeps its own cell busy until it ends
-    """%%interruptible_fit --wait --name nb-wait --checkpoint-dir {ck}/nb-wait
-history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)
-print("wait cell done")""",
-]
-
-_KERNEL_STATE = """() => {
-    const widget = window.jupyterapp.shell.currentWidget;
-    const kernel = widget && widget.sessionContext && widget.sessionContext.session
-        && widget.sessionContext.session.kernel;
-    return kernel ? `${kernel.connectionStatus}/${kernel.status}` : null;
-}"""
-
-
-def kernel_state(page) -> str | None:
-    return page.evaluate(_KERNEL_STATE)
-
-
-def run_cell(page, index: int) -> None:
-    """Runs cell `index` with Shift+Enter, as a user would."""
-    page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputArea-editor").click()
-    page.keyboard.press("Shift+Enter")
-
-
-def wait_idle(page, timeout: float = 90) -> None:
-    # The execution indicator says idle before the kernel exists; ask the kernel itself.
-    wait_until(lambda: kernel_state(page) == "connected/idle", timeout=timeout, interval=0.2,
-               message=f"an idle kernel (got {kernel_state(page)})")
-
-
-def start_training_notebook(jupyter, page, tmp_path, app: str = "lab") -> None:
-    """Opens a notebook of `TRAIN_CELLS` in JupyterLab (or Notebook 7, with
-    ``app="notebook"``) and runs its setup and its ``%%interruptible_fit``
-    cell (the run ``nb-busy``)."""
-    server = jupyter(app)
-    cells = [cell.replace("{ck}", str(tmp_path / "ck")) for cell in TRAIN_CELLS]
-    (server.root / "train.ipynb").write_text(_notebook(cells))
-    where = "lab/tree" if app == "lab" else "notebooks"
-    page.goto(f"{server.url}/{where}/train.ipynb?token={TOKEN}")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-    wait_idle(page)
-    run_cell(page, 0)
-    wait_idle(page)
-    run_cell(page, 1)
-
-
 def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page, tmp_path):
     start_training_notebook(jupyter, page, tmp_path)
     page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output button.widget-button").first.wait_for()
@@ -405,27 +196,6 @@ def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page,
     (checkpoint,) = [item.get_attribute("data-path") for item in idle_card.locator(".jp-TrainControl-checkpoint").all()]
     assert read_sidecar(checkpoint)["reason"] == "stop"
     screenshot(page, "notebook-idle-kernel-widget-stop")
-
-
-def record_of(name: str) -> dict:
-    """The run's record in the registry (this test's runtime dir), or {}."""
-    from jupyter_traincontrol.registry import list_runs
-
-    return next((record for record in list_runs(clean=False) if record.get("name") == name), {})
-
-
-def timed(predicate, timeout: float, message: str) -> float:
-    """Seconds until `predicate` holds (polled every 20 ms)."""
-    import time
-
-    started = time.monotonic()
-    wait_until(predicate, timeout=timeout, interval=0.02, message=message)
-    return time.monotonic() - started
-
-
-#: A command acts at the next batch boundary (batches take ~50 ms here); a
-#: checkpoint costs ~0.1-0.5 s on this shared machine. "About a second".
-PROMPT_SECONDS = 2.0
 
 
 def test_notebook_panel_buttons_act_at_once_while_the_kernel_is_busy(jupyter, page, tmp_path):
@@ -502,16 +272,17 @@ def test_the_learning_rate_is_steered_from_the_side_panel_and_the_notebook_panel
     card_lr.wait_for()
     wait_until(lambda: card_lr.input_value() == "0.01", timeout=10, message="the card's learning rate")
     screenshot(card, "side-panel-card-learning-rate")
-    card_lr.fill("0.002")
+    card_lr.fill("3e-4")
     card_lr.press("Enter")
-    seconds = timed(lambda: (record_of("nb-busy").get("tunables") or {}).get("learning_rate") == pytest.approx(0.002),
+    seconds = timed(lambda: (record_of("nb-busy").get("tunables") or {}).get("learning_rate") == pytest.approx(3e-4),
                     30, "the learning rate set from the side panel")
     print(f"set lr from the side panel: in the record after {seconds:.2f} s")
     change = record_of("nb-busy")["changes"][-1]
-    assert change["by"].startswith("'set learning_rate=0.002' #rest-") and change["old"] == pytest.approx(0.01)
-    card.locator(".jp-TrainControl-feedback", has_text="Sent set learning_rate=0.002").wait_for()
-    # The notebook panel shows the new value too (the kernel updates its widget).
-    page.wait_for_function("(el) => el.value === '0.002'", arg=field.element_handle(), timeout=10_000)
+    assert change["by"].startswith("'set learning_rate=0.0003' #rest-") and change["old"] == pytest.approx(0.01)
+    card.locator(".jp-TrainControl-feedback", has_text="Sent set learning_rate=0.0003").wait_for()
+    # The notebook panel shows the new value too (the kernel updates its widget), written as the side panel writes it.
+    page.wait_for_function("(el) => el.value === '3e-4'", arg=field.element_handle(), timeout=10_000)
+    wait_until(lambda: card_lr.input_value() == "3e-4", timeout=10, message="the card's learning rate, as 3e-4")
     screenshot(panel, "notebook-panel-learning-rate")
 
     # While the kernel is busy, the notebook panel's field and Rollback go through the server.
@@ -527,7 +298,7 @@ def test_the_learning_rate_is_steered_from_the_side_panel_and_the_notebook_panel
     field.blur()  # the widget's own sync is held back: the value is sent once
     panel.locator("button.traincontrol-command-save").click()
     wait_until(lambda: record_of("nb-busy").get("checkpoints"), timeout=30, message="a checkpoint")
-    assert [c["new"] for c in record_of("nb-busy")["changes"]] == [0.002, 0.001]
+    assert [c["new"] for c in record_of("nb-busy")["changes"]] == [0.0003, 0.001]
     panel.locator("button.traincontrol-command-rollback").click()
     dialog = page.locator(".jp-Dialog")
     dialog.get_by_text("Roll back nb-busy?").wait_for()

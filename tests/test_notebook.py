@@ -173,6 +173,8 @@ def test_button_clicks_as_comm_messages(kernel):
     assert kernel.value(f"{RUN}.lifecycle.progress.step") == held
     kernel.click(button(kernel, "pause"))  # now labelled Resume
     kernel.wait_for(f"{RUN}.state == 'running' and {RUN}.lifecycle.progress.step != {held}", timeout=30)
+    kernel.click(button(kernel, "abort"))  # asks first: the button reads "Confirm abort"
+    kernel.wait_for(f"{RUN}.panel.buttons['abort'].description == 'Confirm abort'", timeout=10)
     kernel.click(button(kernel, "abort"))
     kernel.wait_for(f"{RUN}.state == 'aborted'", timeout=30)
     assert kernel.value(f"len({RUN}.checkpoints)") == 1  # abort wrote none

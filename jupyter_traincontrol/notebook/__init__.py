@@ -5,7 +5,10 @@
 - `run`: a `TrainingRun`, the cell's code on a background thread under control.
 - `fit_hook`: adds the run's callback to every ``fit`` on that thread.
 - `output`: what that thread prints goes to the run, not to the current cell.
-- `panel`: the ipywidgets panel; `chart_svg` its loss chart.
+- `panel`: the ipywidgets panel; `chart_svg` its loss chart; `panel_text` its
+  words and numbers (written as the JupyterLab side panel writes them).
+- `output_mime`: the mime type by which a cell's output names its run, for
+  the JupyterLab extension once the widgets are gone (a kernel restart).
 - `text_reporter`: the panel's stand-in outside a notebook front end.
 - `kernel_interrupts`: hears kernel interrupts whether the kernel is idle or busy.
 - `kernel_shutdown`: holds SIGTERM while active runs stop at a kernel shutdown or restart.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from ..run.loss_curve import smooth, use_log_scale
+from .panel_text import number_text
 
 __all__ = ["loss_chart_svg"]
 
@@ -21,7 +22,7 @@ _FRAME = "var(--jp-border-color1, #ccc)"
 
 
 def _fmt(value: float) -> str:
-    return f"{value:.3g}"
+    return number_text(value)  # the axis reads as the side panel's does
 
 
 def loss_chart_svg(history: list[dict], loss_curve: list | None = None, width: int = 380, height: int = 150) -> str:

@@ -3,20 +3,22 @@
 `ControlPanel` is an ipywidgets view of a `TrainingRun`. A button click only
 writes its command to the run's FIFO (the same path as every other control)
 and returns. The learning-rate field sends ``set lr=VALUE`` when Enter is
-pressed in it; Rollback asks first (the button turns into "Confirm
-rollback" for a few seconds). A daemon monitor thread, the only writer of the panel's widgets,
-redraws at most `refresh_rate` times a second and only sends what changed, so
-the browser is never flooded however fast the batches are.
+pressed in it; Abort and Rollback ask first (the button turns into "Confirm
+abort" or "Confirm rollback" for a few seconds). Once the run has ended, the
+buttons give way to how it ended and its checkpoints, with their paths.
+A daemon monitor thread, the only writer of the panel's widgets, redraws at
+most `refresh_rate` times a second and only sends what changed, so the
+browser is never flooded however fast the batches are. A click's notice
+shows for a few seconds, the last two at most.
 
 Outside a notebook front end (a plain IPython terminal) `text_reporter`
 prints one line per state change and checkpoint instead; the chart is
-`chart_svg`.
+`chart_svg`, the words and numbers `panel_text`.
 """
 
 from __future__ import annotations
 
 import collections
-import datetime
 import html
 import queue
 import threading
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..protocol import COMMAND_HELP, FINAL_STATES, Command, UnknownCommandError, allowed_commands, parse_request
 from .chart_svg import loss_chart_svg
+from .panel_text import bar_label_html, clock_text, log_html, metrics_html, number_text, outcome_html, path_html
 
 if TYPE_CHECKING:  # the panel reads the run; the run never imports the panel
     from .run import TrainingRun
@@ -39,15 +42,18 @@ _STATE_COLORS = {
     "starting": "#777", "running": "#1a73e8", "paused": "#0097a7", "stopping": "#e37400",
     "stopped": "#188038", "finished": "#188038", "aborted": "#e37400", "failed": "#d93025",
 }
-def _clock(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds or seconds == float("inf"):
-        return "--:--"
-    seconds = int(max(0, seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-#: How long Rollback waits for its confirming click.
-ROLLBACK_CONFIRM_SECONDS = 8.0
+#: How long Abort and Rollback wait for their confirming click.
+CONFIRM_SECONDS = 8.0
+#: The commands that ask first: the armed button's label, and what the panel says.
+_CONFIRMS = {
+    "abort": ("Confirm abort", "Abort: click 'Confirm abort' to end training without a checkpoint "
+                               "(Stop writes one first)."),
+    "rollback": ("Confirm rollback", "Rollback: click 'Confirm rollback' to load the newest checkpoint into the model "
+                                     "(the learning rate stays as it is now)."),
+}
+#: How long a click's notice shows, and how many show at once.
+NOTE_SECONDS = 10.0
+_NOTES_SHOWN = 2
 
 class _Rate:
     """Batches per second over the last few seconds."""
@@ -81,7 +87,7 @@ class ControlPanel:
         self.interval = 1.0 / max(0.1, float(refresh_rate))
         self._kernel_busy = kernel_busy
         self._clicks: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._click_notes: collections.deque[str] = collections.deque(maxlen=3)
+        self._click_notes: collections.deque[tuple[float, str]] = collections.deque(maxlen=_NOTES_SHOWN)
         self._rate = _Rate()
         self.updates = 0
         full = widgets.Layout(width="100%")
@@ -97,19 +103,28 @@ class ControlPanel:
         self.log = widgets.HTML(layout=full)
         self.output = widgets.HTML(layout=full)
         self.note = widgets.HTML(layout=full)
+        self.outcome = widgets.HTML(layout=widgets.Layout(width="100%", display="none"))
+        # Buttons of one width, in two groups that wrap as wholes (save, stop, abort; pause, rollback), then
+        # the learning rate: a narrow panel breaks the row between groups into lines of about one length.
+        def button(description, icon, command, style=""):
+            return widgets.Button(description=description, icon=icon, button_style=style, tooltip=_tooltip(command),
+                                  layout=widgets.Layout(width="10em", flex="0 0 auto"))
+
         self.buttons = {
-            "save": widgets.Button(description="Save", icon="save", tooltip=_tooltip(Command.SAVE)),
-            "stop": widgets.Button(description="Stop", icon="stop", button_style="warning", tooltip=_tooltip(Command.STOP)),
-            "abort": widgets.Button(description="Abort", icon="times", button_style="danger", tooltip=_tooltip(Command.ABORT)),
-            "pause": widgets.Button(description="Pause", icon="pause", tooltip=_tooltip(Command.PAUSE)),
-            "rollback": widgets.Button(description="Rollback", icon="undo", tooltip=_tooltip(Command.ROLLBACK)),
+            "save": button("Save", "save", Command.SAVE),
+            "stop": button("Stop", "stop", Command.STOP, "warning"),
+            "abort": button("Abort", "times", Command.ABORT, "danger"),
+            "pause": button("Pause", "pause", Command.PAUSE),
+            "rollback": button("Rollback", "undo", Command.ROLLBACK),
         }
-        self._rollback_armed: float | None = None  # when Rollback asked for its confirming click
+        self._styles = {key: button.button_style for key, button in self.buttons.items()}
+        self._icons = {key: button.icon for key, button in self.buttons.items()}
+        self._armed: dict[str, float] = {}  # when Abort or Rollback asked for its confirming click
         # The learning rate, editable: Enter sends `set lr=VALUE`.
         self.learning_rate = widgets.Text(
             description="lr", placeholder="learning rate", continuous_update=False,
             tooltip="The learning rate; type a new one and press Enter to set it at the next batch",
-            layout=widgets.Layout(width="11em"), style={"description_width": "1.6em"},
+            layout=widgets.Layout(width="9em"), style={"description_width": "1.6em"},
         )
         self.learning_rate._dom_classes = (
             "traincontrol-field", "traincontrol-command-set", "traincontrol-tunable-learning_rate",
@@ -123,14 +138,21 @@ class ControlPanel:
             button.on_click(self._click_handler(key))
             button._dom_classes = ("traincontrol-button", f"traincontrol-command-{key}")
         row = widgets.Layout(width="100%", align_items="center")
+        group = widgets.Layout(flex_flow="row nowrap", flex="0 0 auto", margin="0 8px 0 0")
+        self.controls = widgets.HBox(
+            [widgets.HBox([self.buttons[key] for key in ("save", "stop", "abort")], layout=group),
+             widgets.HBox([self.buttons[key] for key in ("pause", "rollback")], layout=group),
+             self.learning_rate],
+            layout=widgets.Layout(flex_flow="row wrap", align_items="center", width="100%"),
+        )
         self.widget = widgets.VBox(
             [
                 self.title,
                 widgets.HBox([self.epoch_label, self.progress], layout=row),
                 widgets.HBox([self.run_label, self.run_progress], layout=row),
                 self.stats,
-                widgets.HBox([*self.buttons.values(), self.learning_rate],
-                             layout=widgets.Layout(flex_flow="row wrap", align_items="center")),
+                self.controls,
+                self.outcome,
                 widgets.HBox([self.chart, self.metrics], layout=widgets.Layout(flex_flow="row wrap", width="100%")),
                 self.note,
                 self.log,
@@ -154,7 +176,7 @@ class ControlPanel:
 
     def _click_handler(self, key: str):
         def on_click(button):
-            if key == "rollback" and not self._confirm_rollback(button):
+            if key in _CONFIRMS and not self._confirmed(key, button):
                 return
             command = "resume" if key == "pause" and button.description == "Resume" else key
             try:
@@ -166,22 +188,26 @@ class ControlPanel:
 
         return on_click
 
-    def _confirm_rollback(self, button) -> bool:
-        """True on the confirming click; the first click only asks."""
-        armed = self._rollback_armed
-        if armed is not None and time.monotonic() - armed < ROLLBACK_CONFIRM_SECONDS:
-            self._rollback_armed = None
-            button.description, button.button_style = "Rollback", ""
+    def _confirmed(self, key: str, button) -> bool:
+        """True on the confirming click; the first click only asks (Abort, Rollback)."""
+        armed = self._armed.pop(key, None)
+        if armed is not None and time.monotonic() - armed < CONFIRM_SECONDS:
+            self._disarm(key)
             return True
-        self._rollback_armed = time.monotonic()
-        button.description, button.button_style = "Confirm rollback", "danger"
-        self._clicks.put("Rollback: click 'Confirm rollback' to load the newest checkpoint into the model "
-                         "(the learning rate stays as it is now).")
+        label, question = _CONFIRMS[key]
+        self._armed[key] = time.monotonic()
+        button.description, button.button_style, button.icon = label, "danger", ""  # no icon: room for the words
+        self._clicks.put(question)
         return False
+
+    def _disarm(self, key: str) -> None:
+        self._armed.pop(key, None)
+        button = self.buttons[key]
+        button.description, button.button_style, button.icon = key.capitalize(), self._styles[key], self._icons[key]
 
     def _on_learning_rate(self, change) -> None:
         """Enter in the learning-rate field (the front end syncs the value then)."""
-        if change["new"] == _lr_text(self._shown_lr):
+        if change["new"] == number_text(self._shown_lr) or (self._shown_lr is None and change["new"] == ""):
             return  # the monitor showing the run's value (it notes it first), or nothing changed
         text = change["new"].strip()
         try:
@@ -208,19 +234,19 @@ class ControlPanel:
         self.title.value = (
             f'<b style="font-size:14px">{html.escape(str(run.name))}</b> '
             f'<span style="background:{_STATE_COLORS[state]};color:white;border-radius:8px;padding:1px 8px;font-size:12px">{state}</span>'
-            f' <span style="color:#777;font-size:12px">checkpoints in {_path_html(lifecycle.store.directory if lifecycle.store else "-")}</span>'
+            f' <span style="color:#777;font-size:12px">checkpoints in {path_html(lifecycle.store.directory if lifecycle.store else "-")}</span>'
         )
         steps, epochs = progress.steps or 0, progress.epochs or 0
         self.progress.max = max(1, steps)
         self.progress.value = min(progress.step, self.progress.max)
-        self.epoch_label.value = _bar_label(f"Epoch {progress.epoch or '-'}/{epochs or '?'} · batch {progress.step}/{steps or '?'}")
+        self.epoch_label.value = bar_label_html(f"Epoch {progress.epoch or '-'}/{epochs or '?'} · batch {progress.step}/{steps or '?'}")
         # The run: batches when the epoch's length is known, else epochs.
         done_epochs = max(0, progress.epoch - 1)
         if steps and epochs:
             self.run_progress.max, self.run_progress.value = epochs * steps, min(epochs * steps, done_epochs * steps + progress.step)
         else:
             self.run_progress.max, self.run_progress.value = max(1, epochs), min(max(1, epochs), done_epochs)
-        self.run_label.value = _bar_label(f"Run {100 * self.run_progress.value // max(1, self.run_progress.max)}%" if epochs else "Run")
+        self.run_label.value = bar_label_html(f"Run {100 * self.run_progress.value // max(1, self.run_progress.max)}%" if epochs else "Run")
         for bar in (self.progress, self.run_progress):
             bar.bar_style = _BAR_STYLES[state]
         self.stats.value = self._stats_html(now, progress)
@@ -233,17 +259,32 @@ class ControlPanel:
         pause.tooltip = _tooltip(Command.RESUME if paused else Command.PAUSE)
         pause._dom_classes = ("traincontrol-button", f"traincontrol-command-{'resume' if paused else 'pause'}")
         self._refresh_steering(enabled, progress)
-        self.metrics.value = _metrics_html(progress.metrics)
+        self._refresh_outcome(state, progress)
+        self.metrics.value = metrics_html(progress.metrics)
         self.chart.value = loss_chart_svg(lifecycle.history.epochs, lifecycle.history.loss_curve.points())
         self.note.value = self._note_html(state)
-        self.log.value = _log_html(list(lifecycle.journal.events)[-8:])
+        self.log.value = log_html(list(lifecycle.journal.events)[-8:])
         self.output.value = self._output_html()
 
+    def _refresh_outcome(self, state: str, progress) -> None:
+        """Once the run has ended: how, and its checkpoints, instead of the buttons."""
+        if state not in FINAL_STATES:
+            return
+        lifecycle = self.run.lifecycle
+        where = ""
+        if progress.epoch:
+            where = f"epoch {progress.epoch}/{progress.epochs or '?'} · batch {progress.step}/{progress.steps or '?'}"
+        checkpoints = [(str(c.path), c.info, c.info.get("run_id") == lifecycle.run_id) for c in lifecycle.checkpoints()]
+        self.outcome.value = outcome_html(str(self.run.name), str(state), lifecycle.record().get("end_reason"), where,
+                                          checkpoints)
+        self.controls.layout.display = "none"
+        self.outcome.layout.display = None
+
     def _refresh_steering(self, enabled: set[str], progress) -> None:
+        for key, armed in list(self._armed.items()):
+            if time.monotonic() - armed >= CONFIRM_SECONDS:
+                self._disarm(key)
         rollback = self.buttons["rollback"]
-        if self._rollback_armed is not None and time.monotonic() - self._rollback_armed >= ROLLBACK_CONFIRM_SECONDS:
-            self._rollback_armed = None
-            rollback.description, rollback.button_style = "Rollback", ""
         rollback.disabled = "rollback" not in enabled or not self.run.lifecycle.checkpoints()
         lr = progress.tunables.get("learning_rate")
         field = self.learning_rate
@@ -251,7 +292,7 @@ class ControlPanel:
         field.layout.display = "none" if lr is None and self._shown_lr is None else None
         if lr is not None and lr != self._shown_lr:
             self._shown_lr = lr
-            field.value = _lr_text(lr)  # only when the run's value changed: never over what is being typed
+            field.value = number_text(lr)  # only when the run's value changed: never over what is being typed
 
     def _stats_html(self, now: float, progress) -> str:
         lifecycle = self.run.lifecycle
@@ -260,22 +301,25 @@ class ControlPanel:
         steps, epochs = progress.steps, progress.epochs
         done = (progress.epoch - 1) * steps + progress.step if steps and progress.epoch else None
         rate = self._rate.add(time.monotonic(), done) if done is not None else None
-        parts = [f"{_clock(elapsed)} elapsed"]
+        parts = [f"{clock_text(elapsed)} elapsed"]
         if rate and steps and epochs and self.run.state in ("running", "paused"):
             remaining = (epochs - progress.epoch) * steps + (steps - progress.step)
-            parts.append(f"ETA {_clock(remaining / rate)}")
+            parts.append(f"ETA {clock_text(remaining / rate)}")
         if rate:
             batch_size = self.run.batch_size
             parts.append(f"{rate * batch_size:,.0f} samples/s" if batch_size else f"{rate:,.1f} batches/s")
         return f'<span style="font-size:12px">{" · ".join(parts)}</span>'
 
     def _note_html(self, state: str) -> str:
+        now = time.monotonic()
         while True:
             try:
-                self._click_notes.append(self._clicks.get_nowait())
+                self._click_notes.append((now, self._clicks.get_nowait()))
             except queue.Empty:
                 break
-        lines = [html.escape(note) for note in self._click_notes]
+        # A click's notice is news for a few seconds, and none once the run has ended.
+        lines = [html.escape(note) for shown, note in self._click_notes
+                 if now - shown < NOTE_SECONDS and state not in FINAL_STATES]
         if state not in FINAL_STATES and self._kernel_busy():
             # The JupyterLab extension hides this (class traincontrol-busy-note)
             # where it sends the clicks to the server: there they do not wait.
@@ -302,41 +346,6 @@ class ControlPanel:
         )
 
 
-def _lr_text(value: float | None) -> str:
-    return "" if value is None else f"{value:.4g}"
-
-
 def _tooltip(command: Command) -> str:
     text = COMMAND_HELP[command]
     return text[0].upper() + text[1:]
-
-
-def _path_html(path) -> str:
-    """A path that wraps only after a ``/`` (never at a ``-`` inside a name)."""
-    parts = str(path).split("/")
-    pieces = [html.escape(part + "/") for part in parts[:-1]] + [html.escape(parts[-1])]
-    return "<wbr>".join(f'<span style="white-space:nowrap">{piece}</span>' for piece in pieces if piece)
-
-
-def _bar_label(text: str) -> str:
-    return f'<span style="font-size:12px;white-space:nowrap">{html.escape(text)}</span>'
-
-
-def _metrics_html(metrics: dict) -> str:
-    cell = "padding:0 6px;line-height:1.4"
-    rows = "".join(
-        f'<tr><td style="{cell}">{html.escape(str(key))}</td><td style="{cell};text-align:right">{value:.4g}</td></tr>'
-        for key, value in metrics.items() if isinstance(value, (int, float))
-    )
-    return f'<table style="font-size:12px;margin-left:12px;border-collapse:collapse">{rows}</table>' if rows else ""
-
-
-def _log_html(events: list[dict]) -> str:
-    colors = {"rejected": "#d93025", "error": "#d93025", "warning": "#e37400", "checkpoint": "#188038"}
-    lines = []
-    for event in events:
-        stamp = datetime.datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S")
-        color = colors.get(event["kind"], "var(--jp-ui-font-color1, #444)")
-        message = event["message"] if event["kind"] != "state" else f"state: {event['message']}"
-        lines.append(f'<div style="color:{color}">{stamp} {html.escape(message)}</div>')
-    return f'<div style="font-size:11px;font-family:monospace;line-height:1.4">{"".join(lines)}</div>'

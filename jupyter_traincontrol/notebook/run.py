@@ -29,6 +29,7 @@ from ..protocol import ACTIVE_STATES, FINAL_STATES, Command, Request, RunState, 
 from ..run import RunLifecycle
 from .fit_hook import FitInterceptor, intercept_fit
 from .output import route_thread_output
+from .output_mime import with_run_reference
 
 __all__ = ["TrainingRun", "RunView", "active_runs", "all_runs", "OutputBuffer"]
 
@@ -353,7 +354,7 @@ class TrainingRun(FitInterceptor):
         bundle = widget._repr_mimebundle_(include=include, exclude=exclude) if widget is not None else {}
         bundle = dict(bundle or {})
         bundle["text/plain"] = self.summary()
-        return bundle
+        return with_run_reference(bundle, self.lifecycle, include, exclude)  # for when the widgets are gone
 
 
 def _is_dataset(x) -> bool:

@@ -2,8 +2,11 @@
  * The one helper that talks to the server extension's REST API, and the
  * shape of what it returns.
  *
- *   GET  <base_url>/traincontrol/api/runs
+ *   GET  <base_url>/traincontrol/api/runs?all=true   live runs, then the ended ones of the history
  *   POST <base_url>/traincontrol/api/runs/<name>/commands   {"command": "stop"}
+ *
+ * `IRun` lists every field of a record (`jupyter_traincontrol/protocol/record.py`,
+ * `FIELDS`) plus those the lister and the server add; a test compares them.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -24,6 +27,37 @@ export interface IChange {
 /** States of a run that still trains, is about to, or is winding down. */
 export const ACTIVE_STATES = ['starting', 'running', 'paused', 'stopping'];
 
+/**
+ * How an ended run ended (the record's `end_reason`): `fit` ran to its end,
+ * a command (stop, abort), a kernel interrupt, a kernel restart or shutdown,
+ * an exception, a loss that was not finite, or its process went away first.
+ */
+export type EndReason =
+  | 'finished'
+  | 'command'
+  | 'interrupt'
+  | 'kernel-restart'
+  | 'error'
+  | 'nan'
+  | 'process-gone';
+
+/** A job's process, as its record lists it. */
+export interface IProcess {
+  process: number;
+  state?: string;
+  step?: number;
+  [key: string]: unknown;
+}
+
+/** What became of a request with an id. */
+export interface IAck {
+  ids: string[];
+  command?: string;
+  outcome: string;
+  message: string;
+  time?: number;
+}
+
 /** One epoch's final metrics, as kept in a run's record. */
 export interface IEpochLogs {
   epoch: number;
@@ -42,42 +76,59 @@ export interface IRunEvent {
 }
 
 /**
- * A run as `GET runs` lists it: the record that `jupyter-traincontrol list
- * --json` prints, plus what the server knows of the run's kernel.
+ * A run as `GET runs?all=true` lists it: the record that `jupyter-traincontrol
+ * list --all --json` prints, plus what the server knows of the run's kernel.
  */
 export interface IRun {
+  // The record's fields (protocol/record.py FIELDS), in its order.
   name: string;
   run_id?: string;
-  state: string;
-  origin?: string | null;
   pid?: number;
-  live?: boolean;
-  checkpoint_dir?: string | null;
-  checkpoints?: string[];
-  epoch?: number;
-  epochs?: number | null;
-  step?: number;
-  steps?: number | null;
-  metrics?: { [name: string]: number };
-  history?: IEpochLogs[];
-  /** The loss per batch, `[batch, loss]`, batch counted across epochs (at most ~300 points; loss null for a NaN). */
-  loss_curve?: [number, number | null][];
-  /** What `set` can change, and the current values (null: off, like clipnorm). */
-  tunables?: { [name: string]: number | null };
-  /** What was steered, oldest first (the last 50). */
-  changes?: IChange[];
-  /** The commands that make sense in the run's state (the vocabulary's table). */
-  commands?: Command[];
-  /** How many of `checkpoints` this run wrote (the others are earlier runs' of the same name). */
-  checkpoints_this_run?: number;
-  events?: IRunEvent[];
-  error?: string | null;
+  state: string;
+  updated?: number | null;
   started?: number | null;
   ended?: number | null;
-  updated?: number;
+  origin?: string | null;
+  /** The commands that make sense in the run's state (the vocabulary's table). */
+  commands?: Command[] | null;
+  channel?: 'fifo' | 'spool' | null;
+  fifo?: string | null;
+  address?: string | null;
+  checkpoint_dir?: string | null;
+  /** Its complete checkpoints, oldest first. */
+  checkpoints?: string[] | null;
+  /** How many of `checkpoints` this run wrote (the others are earlier runs' of the same name). */
+  checkpoints_this_run?: number | null;
+  /** The epoch in progress, from 1 (0 before the first). */
+  epoch?: number | null;
+  epochs?: number | null;
+  step?: number | null;
+  steps?: number | null;
+  global_step?: number | null;
+  metrics?: { [name: string]: number | null } | null;
+  history?: IEpochLogs[] | null;
+  /** The loss per batch, `[batch, loss]`, batch counted across epochs (at most ~300 points; loss null for a NaN). */
+  loss_curve?: [number, number | null][] | null;
+  /** What `set` can change, and the current values (null: off, like clipnorm). */
+  tunables?: { [name: string]: number | null } | null;
+  /** What was steered, oldest first (the last 50). */
+  changes?: IChange[] | null;
+  events?: IRunEvent[] | null;
+  acks?: IAck[] | null;
+  error?: string | null;
   /** The kernel the run lives in, if its record names one. */
   kernel_id?: string | null;
-  /** True if that kernel is one of this server's. */
+  process?: number | null;
+  num_processes?: number | null;
+  processes?: IProcess[] | null;
+  lost_process?: number | null;
+  /** How an ended run ended; absent while it runs. */
+  end_reason?: EndReason | null;
+  // Added by the lister.
+  /** False for an ended run of the history, whose process let it go (or is gone). */
+  live?: boolean;
+  // Added by the server.
+  /** True if the run's kernel is one of this server's. */
   kernel_on_this_server?: boolean;
   /** The notebook (session path) of that kernel, if this server knows it. */
   notebook_path?: string | null;
@@ -146,14 +197,16 @@ export async function requestAPI<T>(
 }
 
 /**
- * Lists the runs of this user.
+ * Lists the runs of this user: the live ones, and the ended ones the
+ * history keeps (a server without that history ignores `all` and lists the
+ * live ones).
  *
  * @throws {ApiError} As `requestAPI`; a 404 here means the server extension
  *   is not enabled, and says so.
  */
 export async function fetchRuns(): Promise<IRun[]> {
   try {
-    return await requestAPI<IRun[]>('runs');
+    return await requestAPI<IRun[]>('runs?all=true');
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
       throw new ApiError(

@@ -4,15 +4,17 @@
  */
 import { Command, IRun } from './api';
 import { lossChart, text } from './chart';
+import { checkpointElements } from './checkpoints';
 import {
-  baseName,
-  dirName,
+  ago,
   duration,
   epochText,
+  formatNumber,
   fraction,
   metricsText,
   NBSP,
-  setBreakablePath,
+  outcomeText,
+  whereEnded,
   whereText
 } from './format';
 import { isActive } from './model';
@@ -30,9 +32,9 @@ const BUTTONS: { label: string; command: Command }[] = [
   { label: 'Rollback', command: 'rollback' }
 ];
 
-/** The learning rate as the field shows it. */
+/** The learning rate as the field shows it (as the notebook panel does: `3e-4`, `0.001`). */
 export function learningRateText(value: number | null | undefined): string {
-  return typeof value === 'number' ? String(Number(value.toPrecision(4))) : '';
+  return typeof value === 'number' ? formatNumber(value) : '';
 }
 
 export class RunCard {
@@ -112,13 +114,21 @@ export class RunCard {
     this._run = run;
     this.node.dataset.run = run.name;
     this.node.dataset.state = run.state;
+    if (run.end_reason) {
+      this.node.dataset.endReason = run.end_reason;
+    } else {
+      delete this.node.dataset.endReason;
+    }
     this.node.classList.toggle('jp-mod-ended', !active);
 
     const head = document.createElement('div');
     head.className = 'jp-TrainControl-runHead';
     const name = text('span', 'jp-TrainControl-runName', run.name);
     name.title = run.checkpoint_dir ? `${run.name}\ncheckpoints in ${run.checkpoint_dir}` : run.name;
-    const state = text('span', `jp-TrainControl-state jp-TrainControl-state-${run.state}`, run.state);
+    // A record whose process went away mid-run still says `running`: say it is lost.
+    const lost = !active && !['stopped', 'aborted', 'finished', 'failed'].includes(run.state);
+    const shown = lost ? 'lost' : run.state;
+    const state = text('span', `jp-TrainControl-state jp-TrainControl-state-${shown}`, shown);
     head.append(name, state);
 
     const where = text('div', 'jp-TrainControl-where', whereText(run));
@@ -126,7 +136,7 @@ export class RunCard {
       ? `notebook ${run.notebook_path}, kernel ${run.kernel_id}`
       : `${run.origin ?? 'process'} (pid ${run.pid ?? '?'})`;
 
-    const parts: HTMLElement[] = [head, where, this._progress(run, now)];
+    const parts: HTMLElement[] = [head, where, active ? this._progress(run, now) : this._outcome(run, now)];
     const metrics = metricsText(run);
     if (metrics) {
       parts.push(text('div', 'jp-TrainControl-metrics', metrics));
@@ -160,7 +170,26 @@ export class RunCard {
       }
     }
     this._updateLearningRate(run, allowed);
-    this._footer.replaceChildren(...this._checkpoints(run));
+    this._footer.replaceChildren(...checkpointElements(run));
+  }
+
+  /** How an ended run ended, where, after how long, and when. */
+  private _outcome(run: IRun, now: number): HTMLElement {
+    const box = document.createElement('div');
+    box.className = 'jp-TrainControl-outcome';
+    box.appendChild(text('div', 'jp-TrainControl-outcomeText', outcomeText(run)));
+    const words: string[] = [];
+    const where = whereEnded(run);
+    words.push(where ? `at ${where}` : 'before its first batch');
+    if (run.started && run.ended) {
+      words.push(`ran${NBSP}${duration(run.ended - run.started)}`);
+    }
+    if (run.ended) {
+      words.push(`ended${NBSP}${ago(now - run.ended)}`);
+      box.title = `ended ${new Date(run.ended * 1000).toLocaleString()}`;
+    }
+    box.appendChild(text('div', 'jp-TrainControl-progressText', words.join(' · ')));
+    return box;
   }
 
   private _progress(run: IRun, now: number): HTMLElement {
@@ -205,51 +234,6 @@ export class RunCard {
     bar.appendChild(fill);
     row.append(text('span', 'jp-TrainControl-barLabel', label), bar);
     return row;
-  }
-
-  private _checkpoints(run: IRun): HTMLElement[] {
-    const paths = run.checkpoints ?? [];
-    if (paths.length === 0) {
-      return isActive(run) ? [] : [text('div', 'jp-TrainControl-checkpointNone', 'no checkpoint')];
-    }
-    // Checkpoints of earlier runs of the same name share the folder: say which are this run's.
-    const mine = Math.min(paths.length, run.checkpoints_this_run ?? paths.length);
-    const earlier = paths.length - mine;
-    if (isActive(run)) {
-      const counts =
-        `${mine} checkpoint${mine === 1 ? '' : 's'} this run` + (earlier > 0 ? `, ${earlier} earlier` : '');
-      const latest = text(
-        'div',
-        'jp-TrainControl-checkpointSummary',
-        mine > 0 ? `${counts} · latest ${baseName(paths[paths.length - 1])}` : counts
-      );
-      latest.title = paths.join('\n');
-      return [latest];
-    }
-    const list = document.createElement('ul');
-    list.className = 'jp-TrainControl-checkpoints';
-    list.setAttribute('aria-label', 'checkpoints');
-    paths.forEach((path, index) => {
-      const item = text('li', 'jp-TrainControl-checkpoint', baseName(path));
-      item.title = path;
-      item.dataset.path = path;
-      if (index < earlier) {
-        item.classList.add('jp-mod-earlier');
-        item.title = `${path}\n(an earlier run of ${run.name})`;
-      }
-      list.appendChild(item);
-    });
-    const folder = dirName(paths[paths.length - 1]);
-    const label = text(
-      'div',
-      'jp-TrainControl-checkpointLabel',
-      `${paths.length === 1 ? 'checkpoint' : 'checkpoints'}${earlier > 0 ? ` (${mine} this run)` : ''} in `
-    );
-    const where = text('span', 'jp-TrainControl-checkpointDir', '');
-    setBreakablePath(where, folder);
-    where.title = folder;
-    label.appendChild(where);
-    return [label, list];
   }
 
   private async _press(button: HTMLButtonElement): Promise<void> {

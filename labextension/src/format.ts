@@ -7,16 +7,32 @@ import { IRun } from './api';
 /** A non-breaking space: keeps `loss 0.21` or `pid 4711` on one line. */
 export const NBSP = '\u00a0';
 
-/** A metric value with 4 significant digits (`0.2131`, `1.235e-05`). */
+/**
+ * A number as both panels show it (metrics, the learning rate): 3
+ * significant digits, in exponent form below 0.001 and from 100000 on:
+ * `0.213`, `0.001`, `3e-4`, `1.25e-5`, `2.5e5`. A record's null (a NaN or an
+ * infinity, as records write them) reads `nan`; anything else not a number,
+ * `-`. The notebook panel's `number_text` (Python) follows the same rule.
+ */
 export function formatNumber(value: unknown): string {
-  if (typeof value !== 'number' || !isFinite(value)) {
+  if (value === null) {
+    return 'nan';
+  }
+  if (typeof value !== 'number') {
     return '-';
   }
-  const abs = Math.abs(value);
-  if (abs !== 0 && (abs < 1e-3 || abs >= 1e5)) {
-    return value.toExponential(2);
+  if (!isFinite(value)) {
+    return isNaN(value) ? 'nan' : value > 0 ? 'inf' : '-inf';
   }
-  return Number(value.toPrecision(4)).toString();
+  if (value === 0) {
+    return '0';
+  }
+  const abs = Math.abs(value);
+  if (abs < 1e-3 || abs >= 1e5) {
+    const [mantissa, exponent] = value.toExponential(2).split('e');
+    return `${mantissa.replace(/\.?0+$/, '')}e${Number(exponent)}`;
+  }
+  return String(Number(value.toPrecision(3)));
 }
 
 /** `done/total`, `done` when the total is unknown, `-` before the start. */
@@ -59,10 +75,19 @@ export function baseName(path: string): string {
  * there), so a long path wraps at folder boundaries, never mid-name.
  */
 export function setBreakablePath(element: HTMLElement, path: string): void {
+  setBreakable(element, path, '/');
+}
+
+/**
+ * Fills `element` with `text`, breakable only after each `separator` (a
+ * `<wbr>` there): `ckpt-000002-epoch0007-step000012.keras` wraps after a
+ * `-` when it does not fit, and is never cut.
+ */
+export function setBreakable(element: HTMLElement, text: string, separator: string): void {
   element.replaceChildren();
-  const parts = path.split('/');
+  const parts = text.split(separator);
   parts.forEach((part, index) => {
-    element.append(index < parts.length - 1 ? `${part}/` : part);
+    element.append(index < parts.length - 1 ? `${part}${separator}` : part);
     if (index < parts.length - 1) {
       element.appendChild(document.createElement('wbr'));
     }
@@ -101,6 +126,54 @@ export function duration(seconds: number): string {
     return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
   }
   return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+}
+
+/** `3m05s ago`, or `just now` under 5 s. */
+export function ago(seconds: number): string {
+  return seconds < 5 ? 'just now' : `${duration(seconds)} ago`;
+}
+
+/**
+ * How an ended run ended, in words (from its `end_reason`, else its state):
+ * `Stopped by a kernel interrupt`, `Finished: fit ran to its end`.
+ */
+export function outcomeText(run: IRun): string {
+  const state = run.state.charAt(0).toUpperCase() + run.state.slice(1);
+  switch (run.end_reason) {
+    case 'finished':
+      return 'Finished: fit ran to its end';
+    case 'command':
+      return `${state} by a command`;
+    case 'interrupt':
+      return `${state} by a kernel interrupt`;
+    case 'kernel-restart':
+      return `${state} when its kernel restarted or shut down`;
+    case 'error':
+      return 'Failed: the training raised an error';
+    case 'nan':
+      return `${state}: the loss was not a finite number`;
+    case 'process-gone':
+      return 'Lost: its process ended before the run did (killed, or crashed)';
+  }
+  if (run.live === false && !['stopped', 'aborted', 'finished', 'failed'].includes(run.state)) {
+    return 'Lost: its process is gone';
+  }
+  switch (run.state) {
+    case 'finished':
+      return 'Finished: fit ran to its end';
+    case 'failed':
+      return 'Failed: the training raised an error';
+  }
+  return state;
+}
+
+/** Where an ended run ended: `epoch 7/30 · batch 12/26`, or '' before its first batch. */
+export function whereEnded(run: IRun): string {
+  if (!run.epoch) {
+    return '';
+  }
+  const batch = run.step || run.steps ? ` · batch${NBSP}${fraction(run.step, run.steps)}` : '';
+  return `${epochText(run)}${batch}`;
 }
 
 /**

@@ -11,14 +11,17 @@ import {
 } from '@jupyterlab/application';
 import { ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { IMainMenu } from '@jupyterlab/mainmenu';
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
-import { Command } from './api';
+import { Command, IRun } from './api';
+import { confirmCommand } from './confirm';
 import { RunsModel } from './model';
 import { NotebookPanelButtons } from './notebookButtons';
 import { loadVocabulary } from './vocabulary';
 import { PANEL_ID, RunsPanel } from './panel';
+import { RunPlaces } from './runPlaces';
 import { RunsStatus } from './status';
 
 namespace CommandIDs {
@@ -42,19 +45,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description:
     'A side panel and status bar item to stop, save, abort, pause and resume Keras training runs.',
   autoStart: true,
-  optional: [ICommandPalette, IMainMenu, IStatusBar, ILayoutRestorer],
+  optional: [ICommandPalette, IMainMenu, IStatusBar, ILayoutRestorer, IRenderMimeRegistry],
   activate: (
     app: JupyterFrontEnd,
     palette: ICommandPalette | null,
     mainMenu: IMainMenu | null,
     statusBar: IStatusBar | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    rendermime: IRenderMimeRegistry | null
   ) => {
     const model = new RunsModel();
     // Help texts and which commands apply in which state, from the server's one table.
     loadVocabulary().catch(error => console.warn('jupyter-traincontrol: no command vocabulary', error));
     // The notebook panel's buttons: straight to the server, whatever the kernel does.
     new NotebookPanelButtons(app, model);
+    // Where a notebook panel's widgets are gone (a kernel restart), the run as the server records it.
+    const sendConfirmed = async (run: IRun, command: Command | string): Promise<string> =>
+      (await confirmCommand(run.name, command)) ? model.send(run.name, command) : '';
+    new RunPlaces(app, model, rendermime, sendConfirmed);
     const panel = new RunsPanel(model);
     panel.title.icon = runsIcon;
     app.shell.add(panel, 'left', { rank: 650 });

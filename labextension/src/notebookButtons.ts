@@ -11,8 +11,8 @@
  * FIFO, at once, whatever the kernel does) and stops the event before the
  * widget view sees it, so the comm never also sends it.
  *
- * Rollback asks first, in a dialog (the widget's own confirm step needs the
- * kernel). The learning-rate field (`traincontrol-field
+ * Abort and Rollback ask first, in a dialog, as the side panel's do (the
+ * widget's own confirm step, "Confirm abort", needs the kernel). The learning-rate field (`traincontrol-field
  * traincontrol-command-set traincontrol-tunable-learning_rate`, an
  * ipywidgets Text) is handled the same way: Enter posts ``set lr=VALUE``,
  * and the widget's own sync of that value is held back, so it is sent once.
@@ -23,9 +23,10 @@
  * which hides the panel's "clicks here wait" notice.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import { Notification } from '@jupyterlab/apputils';
 
 import { Command, sendCommand } from './api';
+import { asksFirst, confirmCommand } from './confirm';
 import { isActive, RunsModel } from './model';
 
 const COMMANDS: Command[] = ['stop', 'save', 'abort', 'pause', 'resume', 'rollback'];
@@ -72,17 +73,18 @@ export class NotebookPanelButtons {
   }
 
   /**
-   * True if the server extension answers and does not list `name` as ended:
-   * then clicks go to the server. A run too new to be listed yet is tried
-   * too; the server's 404 then sends the click back to the comm.
+   * True if the server extension answers and lists `name` as active, or not
+   * at all: then clicks go to the server. A run too new to be listed yet is
+   * tried too; the server's 404 then sends the click back to the comm. (The
+   * history may list ended runs of the same name beside an active one.)
    */
   private _serves(name: string): boolean {
     const { model } = this;
-    return (
-      model.loaded &&
-      model.error === null &&
-      !model.runs.some(run => run.name === name && !isActive(run))
-    );
+    if (!model.loaded || model.error !== null) {
+      return false;
+    }
+    const named = model.runs.filter(run => run.name === name);
+    return named.length === 0 || named.some(isActive);
   }
 
   /** Marks the panels whose clicks go to the server (after each poll). */
@@ -111,24 +113,17 @@ export class NotebookPanelButtons {
     }
     event.stopImmediatePropagation();
     event.preventDefault();
-    if (command === 'rollback' && button.textContent?.trim() !== 'Confirm rollback') {
-      void this._confirmRollback(panel, button, name);
+    // The widget's own "Confirm abort" (armed by a click the comm carried) has asked already.
+    if (asksFirst(command) && !button.textContent?.trim().startsWith('Confirm')) {
+      void this._confirmThenSend(panel, button, name, command);
       return;
     }
     void this._send(panel, button, name, command);
   };
 
-  private async _confirmRollback(panel: Element, button: HTMLButtonElement, name: string): Promise<void> {
-    const result = await showDialog({
-      title: `Roll back ${name}?`,
-      body:
-        'The newest checkpoint is loaded into the live model and optimizer, and ' +
-        'training goes on from there: what was learnt since it is undone. ' +
-        'The learning rate stays as it is now.',
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Roll back' })]
-    });
-    if (result.button.accept) {
-      await this._send(panel, button, name, 'rollback');
+  private async _confirmThenSend(panel: Element, button: HTMLButtonElement, name: string, command: Command): Promise<void> {
+    if (await confirmCommand(name, command)) {
+      await this._send(panel, button, name, command);
     }
   }
 

@@ -1,14 +1,16 @@
 /**
- * `RunsPanel`: the "Training runs" side panel. One card per run, active runs
- * first; an unreachable server extension is shown as such.
+ * `RunsPanel`: the "Training runs" side panel. One card per run: the active
+ * runs first, then the ended ones (greyed, newest first, from the server's
+ * history, across kernel and server restarts); an unreachable server
+ * extension is shown as such.
  */
-import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { Command, IRun } from './api';
 import { RunCard } from './card';
 import { text } from './chart';
-import { isActive, RunsModel } from './model';
+import { confirmCommand } from './confirm';
+import { isActive, panelOrder, RunsModel } from './model';
 
 export const PANEL_ID = 'jp-traincontrol-panel';
 
@@ -72,10 +74,7 @@ export class RunsPanel extends Widget {
     const active = runs.filter(isActive);
     this._summary.textContent = loaded && !error ? `${active.length} active · ${runs.length - active.length} ended` : '';
 
-    const ordered = [
-      ...active,
-      ...runs.filter(run => !isActive(run)).reverse()
-    ];
+    const ordered = panelOrder(runs);
     const seen = new Set<string>();
     const nodes: HTMLElement[] = [];
     for (const run of ordered) {
@@ -104,30 +103,8 @@ export class RunsPanel extends Widget {
   }
 
   private async _send(run: IRun, command: Command | string): Promise<string> {
-    if (command === 'rollback') {
-      const result = await showDialog({
-        title: `Roll back ${run.name}?`,
-        body:
-          'The newest checkpoint is loaded into the live model and optimizer, and ' +
-          'training goes on from there: what was learnt since it is undone. ' +
-          'The learning rate stays as it is now.',
-        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Roll back' })]
-      });
-      if (!result.button.accept) {
-        return '';
-      }
-    }
-    if (command === 'abort') {
-      const result = await showDialog({
-        title: `Abort ${run.name}?`,
-        body:
-          'Training ends without a checkpoint: what was learnt since the ' +
-          'last checkpoint is lost. Stop instead writes a checkpoint first.',
-        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Abort' })]
-      });
-      if (!result.button.accept) {
-        return '';
-      }
+    if (!(await confirmCommand(run.name, command))) {
+      return '';
     }
     return this.model.send(run.name, command);
   }
