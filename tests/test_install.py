@@ -67,7 +67,7 @@ def test_a_wheel_carries_the_built_extension_and_the_server_config(tmp_path):
         data + "share/jupyter/labextensions/jupyter-traincontrol/package.json",
         data + "share/jupyter/labextensions/jupyter-traincontrol/install.json",
         "jupyter_traincontrol/labextension/package.json",
-        "jupyter_traincontrol/server/handlers.py",
+        "jupyter_traincontrol/control/server/handlers.py",
     ):
         assert expected in names, f"{expected} not in {wheel.name}"
     assert any(name.startswith(data + "share/jupyter/labextensions/jupyter-traincontrol/static/remoteEntry.") for name in names)
