@@ -172,6 +172,13 @@ class Tunables:
         """
         known = self.names()
         unknown = [name for name in changes if name not in known]
+        if "learning_rate" in unknown and self.custom_step and self.optimizer is not None:
+            schedule = type(getattr(self.optimizer, "_learning_rate", None)).__name__
+            raise TunableError(
+                f"Cannot set learning_rate: {type(self.optimizer).__name__}'s learning rate is a schedule ({schedule}), "
+                "which a custom loop's step calls itself; give the optimizer a number to steer it. "
+                f"Can set: {self.describe()}."
+            )
         if unknown and self.custom_step and unknown[0] in OPTIMIZER_HYPERPARAMETERS:
             raise TunableError(
                 f"Cannot set {', '.join(unknown)}: in a custom loop a traced step holds it as a constant, which only a "

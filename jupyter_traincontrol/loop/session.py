@@ -51,6 +51,7 @@ class LoopSession:
         self.tunables = tunables
         self.settings = settings
         self.progress = TrainingProgress()
+        self.progress.last_batch_ends_epoch = False  # the body may go on after the last item
         self.global_step = 0  # items trained, counted across resumes (the step of states without an optimizer's)
         self.actions: CommandActions | None = None
         self.resumed: Checkpoint | None = None
@@ -64,6 +65,7 @@ class LoopSession:
         self._stack = contextlib.ExitStack()
         self._closing = False
         self._closing_lock = threading.Lock()
+        self._thread = threading.get_ident()  # the loop's thread: the one that entered the block
 
     # Opening -------------------------------------------------------------------
 
@@ -105,6 +107,9 @@ class LoopSession:
             stack.callback(guard.retire)
         if run.state == RunState.STARTING:
             run.move_to(RunState.RUNNING)
+        if run.state == RunState.STOPPING:  # the cell's run was stopped before this loop
+            self.ended = True
+            run.journal.log("info", "The TrainLoop does not train: the run was told to stop before it began.")
         if self.owns_run:
             self.say(f"Run {run.name!r} is listening: `jupyter-traincontrol send {run.name} stop` or "
                      f"`echo stop > {run.address}`.")
@@ -139,6 +144,10 @@ class LoopSession:
 
     def step(self) -> int:
         return self.global_step
+
+    def on_loop_thread(self) -> bool:
+        """True on the thread that runs the loop."""
+        return threading.get_ident() == self._thread
 
     def _resume_state(self, position: TrainingPosition) -> dict | None:
         if self.progress.pinned is not None:

@@ -243,9 +243,13 @@ class TrainLoop:
         if self._session is not None:
             self._session.note_interrupt()
 
-    def send(self, command, sender: str | None = "notebook"):
-        """Sends the loop's run a command, like any writer."""
-        return self._require().run.send(command, sender=sender)
+    def send(self, command, sender: str | None = "loop"):
+        """Sends the loop's run a command (``"stop"``, ``"set lr=1e-4"``) and
+        returns the `protocol.Request` (its ``request_id`` is in the record's
+        acks once it acted). From the loop's own body, it acts at the next
+        boundary; from another thread, as any writer's."""
+        session = self._require()
+        return session.run.send(command, sender=sender, direct=session.on_loop_thread())
 
     def __repr__(self) -> str:
         return f"<TrainLoop {self.name!r} {self.state}>"

@@ -7,8 +7,8 @@ created on the cell's thread (the cell hosts it: `loop.host.LoopHost`).
 one ended (a ``stop`` or ``abort`` ends the cell's training), and where a
 kernel interrupt goes.
 
-When nothing drives the run (a cell that trains with its own loop, not in
-a ``fit`` or a `TrainLoop`), nothing can act on a command: a command that
+When nothing has driven the run (a cell that trains with its own loop, not
+in a ``fit`` or a `TrainLoop`), nothing can act on a command: a command that
 waits a second unanswered is answered ``failed`` with the fix in one line,
 so ``send --wait`` says so at once, and a kernel interrupt interrupts the
 cell's code (a ``KeyboardInterrupt`` raised in its thread, as a plain
@@ -92,10 +92,11 @@ class CellDrivers:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
 
     def answer_idle_commands(self) -> None:
-        """A tick (the run's publisher thread): commands that waited a second
-        while nothing drives the run are answered ``failed``, with the fix."""
+        """A tick (the run's publisher thread): while no fit or TrainLoop has
+        begun in the cell, commands that waited a second are answered
+        ``failed``, with the fix. Once one has, a command waits for the next."""
         channel = self.lifecycle.channel
-        if self.driving or channel is None or not channel.pending:
+        if self.count or channel is None or not channel.pending:  # between two fits, commands wait for the next
             self._idle_since = None
             return
         now = time.monotonic()
