@@ -60,3 +60,16 @@ def test_resume_after_restart(tmp_path, runtime_dir):
     resumed = output_of(cells, "History starts at epoch")
     assert "(not 1)" in resumed and "History starts at epoch 1 " not in resumed
     assert "-> 960" in resumed  # 30 epochs of 32 batches, exactly
+
+
+def test_custom_loop(tmp_path, runtime_dir):
+    cells = run_notebook("custom_loop.ipynb", tmp_path, runtime_dir)
+    waited = output_of(cells, "run.wait()")
+    assert "state: stopped - the loop says: stopped" in waited
+    checkpoint = output_of(cells, "checkpoint = run.checkpoints[-1]")
+    assert "reason: interrupt" in checkpoint
+    step = int(checkpoint.split("optimizer step in the file: ")[1].split()[0])
+    assert 0 < step < 20 * 16 and f"optimizer step {step}" in checkpoint
+    resumed = output_of(cells, "optimizer step now")
+    assert "state: finished" in resumed
+    assert "optimizer step now: 480 " in resumed  # every batch of 30 epochs trained once, none twice
