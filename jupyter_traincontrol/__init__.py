@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ControlCallback",
+    "TrainLoop",
     "RunLifecycle",
     "CheckpointStore",
     "TrainingRun",
@@ -34,10 +35,12 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import CheckpointStore
     from .fit.callback import ControlCallback
+    from .loop.train_loop import TrainLoop
     from .run.lifecycle import RunLifecycle
 
 _LAZY = {
     "ControlCallback": ("fit.callback", "ControlCallback"),
+    "TrainLoop": ("loop.train_loop", "TrainLoop"),
     "RunLifecycle": ("run.lifecycle", "RunLifecycle"),
     "CheckpointStore": ("checkpoint", "CheckpointStore"),
     "send": ("control.client", "send"),

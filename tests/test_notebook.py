@@ -220,7 +220,7 @@ def test_a_cell_without_fit_ends_with_a_note(kernel):
     kernel.execute("%%interruptible_fit --name nofit\nanswer = 6 * 7\n")
     kernel.wait_for(f"{RUN}.state == 'finished'", timeout=30)
     assert kernel.value("answer") == 42
-    assert kernel.value(f"'without calling fit' in {RUN}.panel.log.value")
+    assert kernel.value(f"'ran no fit and no TrainLoop' in {RUN}.panel.log.value")
 
 
 def test_what_the_training_thread_prints_shows_in_the_panel(kernel):

@@ -111,3 +111,16 @@ def test_resume_after_restart_top_to_bottom_without_a_restart(tmp_path, runtime_
     assert "(reason: end)" in output_of(cells, "checkpoint taken before the restart")
     resumed = output_of(cells, "History starts at epoch")
     assert "Nothing left to train" in resumed and "960 -> 960" in resumed  # the resume starts no new epoch
+
+
+def test_custom_loop(tmp_path, runtime_dir):
+    cells = run_notebook("custom_loop.ipynb", tmp_path, runtime_dir)
+    waited = output_of(cells, "run.wait()")
+    assert "state: stopped - the loop says: stopped" in waited
+    checkpoint = output_of(cells, "checkpoint = run.checkpoints[-1]")
+    assert "reason: interrupt" in checkpoint
+    step = int(checkpoint.split("optimizer step in the file: ")[1].split()[0])
+    assert 0 < step < 20 * 16 and f"optimizer step {step}" in checkpoint
+    resumed = output_of(cells, "optimizer step now")
+    assert "state: finished" in resumed
+    assert "optimizer step now: 480 " in resumed  # every batch of 30 epochs trained once, none twice

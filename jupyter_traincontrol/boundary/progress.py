@@ -37,6 +37,11 @@ class TrainingProgress:
         global_step: The optimizer's step as of the last checkpoint, resume
             or rollback (None until then).
         tunables: What ``set`` can change, and the current values.
+        last_batch_ends_epoch: True where nothing of the epoch runs after
+            its last batch (``fit``: its epoch-end work is the callbacks').
+            False for a custom loop, whose body may go on (a scheduler's
+            step, a validation): a checkpoint taken right after the last
+            item resumes in that epoch, so that code still runs.
         pinned: While set, the position every checkpoint records: a resume
             that still draws the batches its checkpoint already trained
             holds that checkpoint's weights, whatever batch it is at.
@@ -56,6 +61,7 @@ class TrainingProgress:
         self.metrics: dict[str, Any] = {}
         self.global_step: int | None = None
         self.tunables: dict[str, float | None] = {}
+        self.last_batch_ends_epoch = True
         self.pinned: TrainingPosition | None = None
         self.version = 0
 
@@ -75,7 +81,7 @@ class TrainingProgress:
         if self.pinned is not None:
             return self.pinned
         if self.mid_epoch:
-            complete = self.steps is not None and self.step >= self.steps
+            complete = self.last_batch_ends_epoch and self.steps is not None and self.step >= self.steps
         else:
             complete = self.step > 0 and not self.stopped_mid_epoch
         return TrainingPosition(

@@ -121,6 +121,8 @@ class Steering:
         notes = ""
         if "learning_rate" in wanted and self.tunables.schedule_replaced and "learning_rate" not in self.overrides:
             notes = " (the learning-rate schedule is replaced by this constant)"
+        elif "learning_rate" in wanted:
+            notes = getattr(self.tunables, "scheduler_note", "")
         message = self._record(changes, _sender(request)) + notes
         self._say(f"Set {message}")
         return "applied", message

@@ -103,11 +103,17 @@ class Tunables:
         rebuild: Retraces the model's train function (at its next call),
             after a change the traced step holds as a constant. Defaults to
             ``model.make_train_function(force=True)``.
+        custom_step: The step is the user's own (a custom loop) and cannot
+            be retraced: only what lives in variables is offered (the
+            learning rate, unless it is a schedule, and the user's
+            tunables). Defaults to False.
     """
 
-    def __init__(self, model, user: Mapping[str, Any] | None = None, rebuild: Callable[[], None] | None = None):
+    def __init__(self, model, user: Mapping[str, Any] | None = None, rebuild: Callable[[], None] | None = None, *,
+                 custom_step: bool = False):
         self.model = model
         self.user = check_user_tunables(user)
+        self.custom_step = custom_step
         self._rebuild = rebuild or (lambda: model.make_train_function(force=True))
         self._schedule: Any = None  # the schedule a constant replaced, while it is replaced
 
@@ -129,9 +135,16 @@ class Tunables:
         """What this run can set: the optimizer's hyperparameters it has, then the user's."""
         optimizer = self.optimizer
         names = []
-        if optimizer is not None:
+        if optimizer is not None and not self.custom_step:
             names = [name for name in OPTIMIZER_HYPERPARAMETERS if name == "learning_rate" or hasattr(optimizer, name)]
+        elif optimizer is not None and self._lr_is_variable():
+            names = ["learning_rate"]  # a custom loop's step reads the variable; the rest are its constants
         return names + sorted(self.user)
+
+    def _lr_is_variable(self) -> bool:
+        import keras
+
+        return isinstance(getattr(self.optimizer, "_learning_rate", None), keras.Variable)
 
     def read(self, names: list[str] | None = None) -> dict[str, float | None]:
         """The current values (None: a hyperparameter that is off, like ``clipnorm``)."""
@@ -159,6 +172,18 @@ class Tunables:
         """
         known = self.names()
         unknown = [name for name in changes if name not in known]
+        if "learning_rate" in unknown and self.custom_step and self.optimizer is not None:
+            schedule = type(getattr(self.optimizer, "_learning_rate", None)).__name__
+            raise TunableError(
+                f"Cannot set learning_rate: {type(self.optimizer).__name__}'s learning rate is a schedule ({schedule}), "
+                "which a custom loop's step calls itself; give the optimizer a number to steer it. "
+                f"Can set: {self.describe()}."
+            )
+        if unknown and self.custom_step and unknown[0] in OPTIMIZER_HYPERPARAMETERS:
+            raise TunableError(
+                f"Cannot set {', '.join(unknown)}: in a custom loop a traced step holds it as a constant, which only a "
+                f"retrace would change; only values kept in variables change live. Can set: {self.describe()}."
+            )
         if unknown:
             what = "an optimizer hyperparameter" if unknown[0] in OPTIMIZER_HYPERPARAMETERS else "a name"
             optimizer = type(self.optimizer).__name__ if self.optimizer is not None else "this model"

@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .folder import STAGING_PREFIX, CheckpointFolder
+from .parts import part_size, remove_part, sidecar_of
 from .records import Checkpoint
 from .sidecar import DEFAULT_RUN
 
-__all__ = ["Committer", "STAGED_MODEL"]
+__all__ = ["Committer"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
-#: The model file's name inside a staging folder.
-STAGED_MODEL = "model.keras"
+_STAGED_PART = "model"  # and the part's suffix: the model part's name inside a staging folder
 _STAGED_SIDECAR = "info.json"
 
 
@@ -60,7 +60,8 @@ class Committer:
         """
         folder = self.folder
         fd, file = folder.dir_fd, info["file"]
-        sidecar = file[: -len(".keras")] + ".json"
+        sidecar = sidecar_of(file)
+        staged = _STAGED_PART + os.path.splitext(file)[1]
         staging = f"{STAGING_PREFIX}{folder.run_id}-{info['sequence']}"
         intent = {"staging": staging, "file": file}
         folder.record_intent(intent)
@@ -69,14 +70,14 @@ class Committer:
         try:
             os.mkdir(staging, 0o700, dir_fd=fd)
             folder.phase("staging-created")
-            source.save(folder.directory / staging / STAGED_MODEL)
-            st = os.stat(f"{staging}/{STAGED_MODEL}", dir_fd=fd, follow_symlinks=False)
-            info["size"] = st.st_size
-            folder.record_intent({**intent, "inode": st.st_ino, "size": st.st_size})
+            source.save(folder.directory / staging / staged)
+            st = os.stat(f"{staging}/{staged}", dir_fd=fd, follow_symlinks=False)
+            info["size"] = part_size(fd, f"{staging}/{staged}", st)
+            folder.record_intent({**intent, "inode": st.st_ino, "size": info["size"]})
             folder.phase("staged-model")
             _write_new_file(folder.directory / staging / _STAGED_SIDECAR, _json_text(info))
             folder.phase("staged-sidecar")
-            os.rename(f"{staging}/{STAGED_MODEL}", file, src_dir_fd=fd, dst_dir_fd=fd)
+            os.rename(f"{staging}/{staged}", file, src_dir_fd=fd, dst_dir_fd=fd)
             renamed = True
             folder.phase("model-renamed")
             os.rename(f"{staging}/{_STAGED_SIDECAR}", sidecar, src_dir_fd=fd, dst_dir_fd=fd)  # the commit
@@ -148,23 +149,34 @@ class Committer:
             st = os.stat(model_file, dir_fd=folder.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             st = None
-        ours = st is not None and stat.S_ISREG(st.st_mode) and (shorter_than is None or st.st_size < shorter_than)
+        size = part_size(folder.dir_fd, model_file, st) if st is not None and _is_part(st) else None
+        ours = size is not None and (shorter_than is None or size < shorter_than)
         if ours:
-            folder.record_intent({"file": model_file, "inode": st.st_ino, "size": st.st_size})
+            folder.record_intent({"file": model_file, "inode": st.st_ino, "size": size})
         os.unlink(sidecar, dir_fd=folder.dir_fd)  # uncommit first
         folder.phase("uncommitted")
         if ours:
-            os.unlink(model_file, dir_fd=folder.dir_fd)
+            remove_part(folder.dir_fd, model_file)
             folder.record_intent(None)
 
     def flush(self, checkpoint: Checkpoint) -> None:
         """Makes `checkpoint` durable: its two files and their names in the folder."""
         if checkpoint.sequence in self._flushed:
             return
-        _fsync_file(checkpoint.path)
+        if checkpoint.path.is_dir():  # a folder part: its files, then its folders' names
+            for root, _dirs, files in os.walk(checkpoint.path):
+                for file in files:
+                    _fsync_file(Path(root) / file)
+                _fsync_dir(Path(root))
+        else:
+            _fsync_file(checkpoint.path)
         _fsync_file(checkpoint.sidecar)
         _fsync_dir(self.folder.directory)
         self._flushed.add(checkpoint.sequence)
+
+
+def _is_part(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
 
 
 def _write_new_file(path: Path, text: str) -> None:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 
 from ..system.private_fs import UnsafePathError, describe_kind, ensure_private_dir, make_private_dirs
 from .records import CheckpointDirBusyError, CheckpointDirChangedError, CheckpointDirError, MalformedSidecarError
+from .parts import part_size, remove_part, sidecar_of
 from .scan import OUR_NAME
 from .sidecar import DEFAULT_RUN, TOOL, check_run_name, read_sidecar
 
@@ -272,7 +273,7 @@ class CheckpointFolder:
             return
         # Only what this tool writes: its checkpoint files and its staging folders.
         staging, model_file = pending.get("staging"), pending.get("file")
-        ours = isinstance(model_file, str) and model_file.endswith(".keras") and OUR_NAME.match(model_file)
+        ours = isinstance(model_file, str) and not model_file.endswith(".json") and OUR_NAME.match(model_file)
         if ours and not self._is_committed(model_file):
             self.remove_if_same(model_file, pending.get("inode"), pending.get("size"))
         if isinstance(staging, str) and _STAGING_NAME.match(staging):
@@ -282,38 +283,33 @@ class CheckpointFolder:
 
     def _is_committed(self, model_file: str) -> bool:
         try:
-            info = read_sidecar(self._dir_fd, model_file[: -len(".keras")] + ".json")
+            info = read_sidecar(self._dir_fd, sidecar_of(model_file))
         except MalformedSidecarError:
             return False
         return info["file"] == model_file
 
     def remove_if_same(self, name: str, inode: Any, size: Any) -> None:
-        """Removes file `name` if it is the one a killed save staged (same inode and size)."""
+        """Removes the model part `name` (a file, or a folder and what it
+        holds) if it is the one a killed save staged (same inode and size)."""
         try:
             st = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
-        if stat.S_ISREG(st.st_mode) and (st.st_ino, st.st_size) == (inode, size):
-            os.unlink(name, dir_fd=self._dir_fd)
+        if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and st.st_ino == inode \
+                and part_size(self._dir_fd, name, st) == size:
+            remove_part(self._dir_fd, name)
 
     def remove_staging(self, name: str) -> None:
-        """Removes a staging folder of ours: its files, then itself."""
+        """Removes a staging folder of ours and what it holds (symlinks in it
+        are removed, never followed)."""
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
-        except (FileNotFoundError, NotADirectoryError):
+            st = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
             return
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                return  # a symlink: not what we made
-            raise
+        if not stat.S_ISDIR(st.st_mode):
+            return  # a symlink or a file: not what we made
         try:
-            for entry in os.listdir(fd):
-                if stat.S_ISREG(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
-                    os.unlink(entry, dir_fd=fd)
-        finally:
-            os.close(fd)
-        try:
-            os.rmdir(name, dir_fd=self._dir_fd)
+            remove_part(self._dir_fd, name)
         except OSError as error:
             logger.warning("Left staging folder %s: %s", self.directory / name, error.strerror)
 

@@ -92,7 +92,7 @@ class Checkpoint:
     """A complete checkpoint on disk.
 
     Attributes:
-        path: The ``.keras`` file.
+        path: The model part: a ``.keras`` or ``.pt`` file, or a ``.ckpt`` folder.
         info: The sidecar's content, as checked by `parse_sidecar`.
     """
 

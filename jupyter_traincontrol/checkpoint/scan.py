@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..system.private_fs import describe_kind
+from .parts import is_folder_part, part_size
 from .records import Checkpoint, MalformedSidecarError
 from .sidecar import read_sidecar
 
@@ -23,7 +24,7 @@ __all__ = ["Scan", "scan", "OUR_NAME"]
 
 #: Names the store writes, used only to avoid reusing a number and to say
 #: which broken sidecar a resume skipped; never to decide what is ours.
-OUR_NAME = re.compile(r"^ckpt-(?P<seq>\d{6,})-epoch\d+-step\d+\.(?:keras|json)$")
+OUR_NAME = re.compile(r"^ckpt-(?P<seq>\d{6,})-epoch\d+-step\d+\.(?:keras|pt|ckpt|json)$")
 
 
 @dataclasses.dataclass
@@ -96,8 +97,10 @@ def _model_file_problem(dir_fd: int, info: Mapping[str, Any]) -> str | None:
         return f"its model file {info['file']} is missing"
     except OSError as error:
         return f"its model file {info['file']} cannot be read ({error.strerror})"
-    if not stat.S_ISREG(st.st_mode):
-        return f"its model file {info['file']} is {describe_kind(st)}, not a regular file"
-    if st.st_size != info["size"]:
-        return f"its model file {info['file']} has {st.st_size} bytes; the sidecar says {info['size']}"
+    folder = is_folder_part(info["file"])
+    if not (stat.S_ISDIR(st.st_mode) if folder else stat.S_ISREG(st.st_mode)):
+        return f"its model file {info['file']} is {describe_kind(st)}, not a {'folder' if folder else 'regular file'}"
+    size = part_size(dir_fd, info["file"], st)
+    if size != info["size"]:
+        return f"its model file {info['file']} has {size} bytes; the sidecar says {info['size']}"
     return None

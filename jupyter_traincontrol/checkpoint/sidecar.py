@@ -1,6 +1,7 @@
 """The sidecar of a checkpoint: its format, and the strict reader of outside data.
 
-A sidecar is a small JSON file beside each ``.keras`` file: where training
+A sidecar is a small JSON file beside each checkpoint's model part (a
+``.keras`` file, a ``.pt`` file or a ``.ckpt`` folder): where training
 stood, why the checkpoint was taken, and whose it is (the tool's marker, the
 format, the run's name and instance id, the model file's name and size). It
 is what makes a file in the folder a checkpoint of ours. `build_sidecar`
@@ -24,7 +25,8 @@ from typing import Any, Mapping
 from ..protocol.values import finite_metrics, json_safe
 from .records import DEFAULT_RUN, MalformedSidecarError, TrainingPosition
 
-__all__ = ["SIDECAR_FORMAT", "TOOL", "DEFAULT_RUN", "build_sidecar", "parse_sidecar", "read_sidecar", "check_run_name"]
+__all__ = ["SIDECAR_FORMAT", "TOOL", "DEFAULT_RUN", "PART_SUFFIXES", "build_sidecar", "parse_sidecar", "read_sidecar",
+           "check_run_name"]
 
 SIDECAR_FORMAT = 2
 #: The tool's marker in every sidecar and lock record it writes.
@@ -33,6 +35,10 @@ _SIDECAR_MAX_BYTES = 64 * 1024
 _MAX_COUNT = 2**53  # epochs, steps, sequences: exact in any JSON reader
 _MAX_SIZE = 2**62
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+#: What a checkpoint's model part is, by its name's suffix: a Keras ``.keras``
+#: file, PyTorch state dicts in a ``.pt`` file, or a ``.ckpt`` folder that the
+#: user's own ``save=`` wrote.
+PART_SUFFIXES = {".keras": "file", ".pt": "file", ".ckpt": "folder"}
 
 
 # The sidecar writer -----------------------------------------------------------
@@ -127,8 +133,8 @@ def _run_id(value):
 
 
 def _model_file(value):
-    if not isinstance(value, str) or not value.endswith(".keras") or len(value) > 255:
-        raise ValueError(f"{_shown(value)}; expected a .keras file name")
+    if not isinstance(value, str) or os.path.splitext(value)[1] not in PART_SUFFIXES or len(value) > 255:
+        raise ValueError(f"{_shown(value)}; expected a name ending in {', '.join(PART_SUFFIXES)}")
     if "/" in value or "\\" in value or "\0" in value or value.startswith("."):
         raise ValueError(f"{_shown(value)}; expected a plain file name, without a folder")
     return value
@@ -201,8 +207,8 @@ def parse_sidecar(data: bytes, name: str) -> dict[str, Any]:
 
     A sidecar of this tool is a JSON object with the tool's marker, its
     format (1, written by the previous release, or 2), the run's name and
-    ``run_id`` (format 2), the model file's name (the sidecar's own name with
-    ``.keras``) and size, and where training stood. Every field must have
+    ``run_id`` (format 2), the model part's name (the sidecar's own name with
+    ``.keras``, ``.pt`` or ``.ckpt``) and size, and where training stood. Every field must have
     its type and a sane range; fields not known here are dropped.
 
     Args:
@@ -241,9 +247,10 @@ def parse_sidecar(data: bytes, name: str) -> dict[str, Any]:
                 checked[field] = check(info[field])
             except ValueError as error:
                 raise MalformedSidecarError(f"{name}: {field!r} is {error}.") from None
-    expected_file = name[: -len(".json")] + ".keras" if name.endswith(".json") else None
-    if checked["file"] != expected_file:
-        raise MalformedSidecarError(f"{name}: 'file' is {checked['file']!r}; expected {expected_file!r}.")
+    stem = name[: -len(".json")] if name.endswith(".json") else None
+    if os.path.splitext(checked["file"])[0] != stem:
+        raise MalformedSidecarError(f"{name}: 'file' is {checked['file']!r}; expected {stem!r} with one of "
+                                    f"{', '.join(PART_SUFFIXES)}.")
     return checked
 
 

@@ -217,7 +217,9 @@ class CheckpointStore:
 
         Args:
             source: What to write: anything with ``save(path)`` that writes
-                a ``.keras`` file (a Keras model, a `ModelSnapshot`).
+                the checkpoint's model part at `path`: a ``.keras`` file (a
+                Keras model, a `ModelSnapshot`), or what its ``suffix``
+                attribute says (``.pt``, a ``.ckpt`` folder).
             position: Where training stands.
             reason: Why: ``"save"``, ``"stop"``, ``"interrupt"``, ...
             metrics: The latest metrics, stored in the sidecar (non-finite
@@ -254,8 +256,9 @@ class CheckpointStore:
             found = scan(self.directory, folder.dir_fd)
             previous = found.of_run(self.run)
             committer.flush_previous(previous)
-            sequence, stem = self._free_name(found.top_sequence, position)
-            info = build_sidecar(run=self.run, run_id=self.run_id, sequence=sequence, file=f"{stem}.keras",
+            suffix = getattr(source, "suffix", ".keras")
+            sequence, stem = self._free_name(found.top_sequence, position, suffix)
+            info = build_sidecar(run=self.run, run_id=self.run_id, sequence=sequence, file=f"{stem}{suffix}",
                                  position=position, reason=reason, metrics=metrics, tunables=tunables,
                                  resume_state=resume_state)
             committer.write(source, info)
@@ -283,7 +286,7 @@ class CheckpointStore:
             ) from error
         return checkpoint
 
-    def _free_name(self, top_sequence: int, position: TrainingPosition) -> tuple[int, str]:
+    def _free_name(self, top_sequence: int, position: TrainingPosition, suffix: str) -> tuple[int, str]:
         """The next sequence number and a stem whose two names are both free.
 
         File names count epochs from 1, as the UI does.
@@ -292,7 +295,7 @@ class CheckpointStore:
         while True:
             sequence += 1
             stem = f"ckpt-{sequence:06d}-epoch{position.epoch + 1:04d}-step{position.step_in_epoch:06d}"
-            if not any(exists_at(self.folder.dir_fd, stem + suffix) for suffix in (".keras", ".json")):
+            if not any(exists_at(self.folder.dir_fd, stem + end) for end in (suffix, ".json")):
                 return sequence, stem
 
     # Resuming ---------------------------------------------------------------

@@ -4,6 +4,5 @@
 - `session`: `FitSession`, every part of one `fit`, opened at train begin
   and closed once, by one `ExitStack`.
 - `watchdog`: notices a `fit` that raised (Keras then skips ``on_train_end``).
-- `sigint`: Ctrl+C in a script: the first press stops gracefully.
 - `resume/`: exact resume (the batches already trained, random state, data order).
 """

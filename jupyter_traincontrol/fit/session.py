@@ -13,7 +13,6 @@ raised, a job's watcher when a process was lost, or exit).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
@@ -27,13 +26,13 @@ from ..boundary.tunables import Tunables
 from ..checkpoint import SkippedCheckpoint, TrainingPosition
 from ..protocol import Command, RunState
 from ..run import RunLifecycle
-from ..state import KerasState
+from ..state import KerasState, random_state
+from ..system.sigint import SigintGuard
+from ..system.signals import write_stderr
 from . import watchdog
-from .resume import random_state
 from .resume.batch_skipper import rebuild_train_function
 from .resume.data_order import DataOrder
 from .resume.resumption import Resumption, resume_from_latest
-from .sigint import SigintGuard
 from .watchdog import FitWatchdog
 
 if TYPE_CHECKING:
@@ -261,7 +260,7 @@ class FitSession:
             self.run.send(Command.STOP, sender="sigint")
         except Exception:  # the run ended meanwhile: nothing to stop
             pass
-        _write_stderr("\n[traincontrol] Ctrl+C: stopping after this batch, with a checkpoint. "
+        write_stderr("\n[traincontrol] Ctrl+C: stopping after this batch, with a checkpoint. "
                       "Press Ctrl+C again to interrupt at once.\n")
 
     def _on_second_sigint(self) -> None:
@@ -311,9 +310,3 @@ class FitSession:
         if self.callback.verbose:
             print(f"[traincontrol] {message}", file=stream or sys.stdout, flush=True)
 
-
-def _write_stderr(text: str) -> None:
-    try:
-        os.write(2, text.encode("utf-8", "replace"))
-    except OSError:
-        pass

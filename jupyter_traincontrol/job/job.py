@@ -38,7 +38,6 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import Any, Callable
 from ..protocol import Command, Request
 from ..registry import registry_root
 from ..system.frames import on_stack
+from ..system.signals import write_stderr
 from .agreement import AgreedChannel, Agreement
 from .checkpoints import FollowerStore, LeaderStore
 from .coordination import KEY_ROOT, Coordination, JobLostError, first_line
@@ -282,7 +282,7 @@ class Job:
             self._run.send(Command.STOP, sender="sigterm")
         except Exception:  # the run ended meanwhile
             pass
-        _write_stderr(f"\n[traincontrol] SIGTERM: stopping the job ({self.describe()}) at an agreed step, with a checkpoint.\n")
+        write_stderr(f"\n[traincontrol] SIGTERM: stopping the job ({self.describe()}) at an agreed step, with a checkpoint.\n")
 
     def _job_record(self) -> dict[str, Any]:
         record = {"process": self.process_id, "num_processes": self.num_processes, "processes": self.processes()}
@@ -371,9 +371,3 @@ def _settled(metrics: dict | None) -> dict:
             continue
     return settled
 
-
-def _write_stderr(text: str) -> None:
-    try:
-        os.write(2, text.encode("utf-8", "replace"))
-    except OSError:
-        pass

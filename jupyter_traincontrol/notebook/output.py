@@ -8,17 +8,18 @@ sink (the run's panel); everything else passes through unchanged.
 
 `route_thread_output` installs the streams on first use and restores the
 originals when the last routed thread is done, so the swap always comes in
-pairs.
+pairs. `OutputBuffer` keeps the last lines a run's thread printed, for its panel.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import threading
 from typing import Callable, Iterator
 
-__all__ = ["ThreadRoutedStream", "route_thread_output"]
+__all__ = ["ThreadRoutedStream", "route_thread_output", "OutputBuffer"]
 
 Sink = Callable[[str, str], None]  # (stream name, text)
 
@@ -91,3 +92,40 @@ def route_thread_output(sink: Sink) -> Iterator[None]:
             _sinks.pop(ident, None)
             if not _sinks:
                 _uninstall_locked()
+
+
+class OutputBuffer:
+    """The last lines a run's thread printed, as a terminal would show them.
+
+    A carriage return rewinds the current line (progress bars), so only its
+    final state is kept.
+
+    Args:
+        max_lines: Lines kept.
+    """
+
+    def __init__(self, max_lines: int = 200):
+        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._current = ""
+        self._lock = threading.Lock()
+        self.version = 0
+
+    def write(self, stream: str, text: str) -> None:
+        """Adds text (from any thread)."""
+        with self._lock:
+            parts = text.split("\n")
+            for index, part in enumerate(parts):
+                if "\r" in part:
+                    self._current = part.rsplit("\r", 1)[1]
+                else:
+                    self._current += part
+                if index < len(parts) - 1:
+                    self._lines.append(self._current)
+                    self._current = ""
+            self.version += 1
+
+    def text(self) -> str:
+        """The kept lines, joined."""
+        with self._lock:
+            lines = list(self._lines) + ([self._current] if self._current else [])
+        return "\n".join(lines)

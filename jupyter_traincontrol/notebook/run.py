@@ -25,13 +25,15 @@ import traceback
 from typing import Any, Callable, Protocol
 
 from ..fit import watchdog
+from ..loop.host import hosting
 from ..protocol import ACTIVE_STATES, FINAL_STATES, Command, Request, RunState, final_state, parse_command
 from ..run import RunLifecycle
+from .drivers import CellDrivers
 from .fit_hook import FitInterceptor, intercept_fit
-from .output import route_thread_output
+from .output import OutputBuffer, route_thread_output
 from .output_mime import with_run_reference
 
-__all__ = ["TrainingRun", "RunView", "active_runs", "all_runs", "OutputBuffer"]
+__all__ = ["TrainingRun", "RunView", "active_runs", "all_runs"]
 
 _INTERRUPT_BURST_SECONDS = 1.0
 
@@ -50,43 +52,6 @@ def all_runs() -> list["TrainingRun"]:
     """The recent runs of this process (the last 50), oldest first."""
     with _runs_lock:
         return list(_history)
-
-
-class OutputBuffer:
-    """The last lines a run's thread printed, as a terminal would show them.
-
-    A carriage return rewinds the current line (progress bars), so only its
-    final state is kept.
-
-    Args:
-        max_lines: Lines kept.
-    """
-
-    def __init__(self, max_lines: int = 200):
-        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
-        self._current = ""
-        self._lock = threading.Lock()
-        self.version = 0
-
-    def write(self, stream: str, text: str) -> None:
-        """Adds text (from any thread)."""
-        with self._lock:
-            parts = text.split("\n")
-            for index, part in enumerate(parts):
-                if "\r" in part:
-                    self._current = part.rsplit("\r", 1)[1]
-                else:
-                    self._current += part
-                if index < len(parts) - 1:
-                    self._lines.append(self._current)
-                    self._current = ""
-            self.version += 1
-
-    def text(self) -> str:
-        """The kept lines, joined."""
-        with self._lock:
-            lines = list(self._lines) + ([self._current] if self._current else [])
-        return "\n".join(lines)
 
 
 class RunView(Protocol):
@@ -155,9 +120,10 @@ class TrainingRun(FitInterceptor):
 
         self.lifecycle = RunLifecycle(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
         self.callback = ControlCallback(
-            lifecycle=self.lifecycle, resume=resume, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan,
+            lifecycle=self.lifecycle, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan,
             save_in_background=save_in_background,
         )
+        self.drivers = CellDrivers(self.lifecycle, resume=resume, on_nan=on_nan, save_in_background=save_in_background)
         self.output = OutputBuffer()
         self.history = None
         self.fit_calls = 0
@@ -179,6 +145,11 @@ class TrainingRun(FitInterceptor):
         """``starting``, ``running``, ``paused``, ``stopping``, ``stopped``,
         ``aborted``, ``finished`` or ``failed``."""
         return self.lifecycle.state
+
+    @property
+    def driving(self) -> bool:
+        """True while a fit or a TrainLoop of the cell drives the run (commands act)."""
+        return self.drivers.driving
 
     @property
     def active(self) -> bool:
@@ -251,10 +222,12 @@ class TrainingRun(FitInterceptor):
         """
         watchdog.check_all()  # a run of this process whose fit raised ends now, before a new one claims a name
         self.lifecycle.open()
+        self.lifecycle.publisher.add_tick_hook(self.drivers.answer_idle_commands)
         with _runs_lock:
             _active.append(self)
             _history.append(self)
-        self._thread = threading.Thread(target=self._main, name=f"traincontrol-train-{self.name}", daemon=True)
+        self._thread = self.drivers.cell_thread = threading.Thread(target=self._main, name=f"traincontrol-train-{self.name}",
+                                                                   daemon=True)
         self._thread.start()
         return self
 
@@ -266,15 +239,16 @@ class TrainingRun(FitInterceptor):
     def _main(self) -> None:
         final, error = RunState.FINISHED, None
         try:
-            with route_thread_output(self.output.write), intercept_fit(self):
+            with route_thread_output(self.output.write), intercept_fit(self), hosting(self.drivers):
                 exec(self._compiled, self._namespace)
         except BaseException as exception:  # the cell failed: record it, keep the kernel healthy
             final = RunState.FAILED
             error = _format_cell_error(exception)
         else:
-            final = final_state(self.callback.ended_by)
-            if self.fit_calls == 0:
-                self.lifecycle.journal.log("warning", "The cell ended without calling fit: nothing was trained.")
+            final = final_state(self.drivers.ended_by)
+            if self.drivers.count == 0:
+                self.lifecycle.journal.log("warning", "The cell ran no fit and no TrainLoop, so nothing in it was under "
+                                                      "control: train with model.fit(...) or in `with TrainLoop(...)`.")
         finally:
             self.lifecycle.close(final, error)
             with _runs_lock:
@@ -286,8 +260,9 @@ class TrainingRun(FitInterceptor):
 
     def around_fit(self, fit: Callable, model, args: tuple, kwargs: dict) -> Any:
         """Adds the control callback to a ``fit`` call of the cell."""
-        if self.callback.ended_by is not None:
-            self.lifecycle.journal.log("info", f"fit skipped: the run was told to {self.callback.ended_by}.")
+        drivers = self.drivers
+        if drivers.ended_by is not None:
+            self.lifecycle.journal.log("info", f"fit skipped: the run was told to {drivers.ended_by}.")
             return getattr(model, "history", None)
         bound = inspect.signature(fit).bind(model, *args, **kwargs)
         arguments = bound.arguments
@@ -295,10 +270,12 @@ class TrainingRun(FitInterceptor):
         arguments.setdefault("verbose", 0)  # the panel shows progress instead
         self.batch_size = arguments.get("batch_size") or (None if _is_dataset(arguments.get("x")) else 32)
         self.fit_calls += 1
+        self.callback.resume = drivers.take_resume()  # only the cell's first driver resumes
+        drivers.driver_began(self.callback)
         try:
             history = fit(*bound.args, **bound.kwargs)
         finally:
-            self.callback.resume = False  # only the first fit of the cell resumes
+            drivers.driver_ended(self.callback)
         self.history = history
         return history
 
@@ -316,10 +293,14 @@ class TrainingRun(FitInterceptor):
         previous, self._last_interrupt = self._last_interrupt, now
         if now - previous < _INTERRUPT_BURST_SECONDS or self.state not in ACTIVE_STATES:
             return None
+        if not self.drivers.driving:  # nothing would act on a command: interrupt the cell's code itself
+            self.lifecycle.journal.log("info", "Kernel interrupt: the cell runs no fit or TrainLoop; interrupting its code.")
+            self.drivers.interrupt_cell()
+            return None
         repeated = previous != float("-inf")
         command = Command.ABORT if repeated and self.state == RunState.STOPPING else self.on_interrupt
         if command is Command.STOP:
-            self.callback.note_interrupt()
+            self.drivers.note_interrupt()
         self.lifecycle.journal.log("info", f"Kernel interrupt: sending {command}.")
         try:
             return self.send(command, sender="interrupt")

@@ -338,7 +338,7 @@ class RunLifecycle:
 
     # Commands ------------------------------------------------------------------
 
-    def send(self, command: str | Command | Request, sender: str | None = "notebook") -> Request:
+    def send(self, command: str | Command | Request, sender: str | None = "notebook", *, direct: bool = False) -> Request:
         """Sends a command to this run through its channel, like any writer
         (`transport.send.deliver`, with a request id the run acknowledges).
 
@@ -350,6 +350,9 @@ class RunLifecycle:
             command: A command line (``"stop"``, ``"save #id"``), `Command`
                 or `Request`.
             sender: Who sends, for the request id (``panel``, ``interrupt``).
+            direct: Queue it without the channel's writer side: for a
+                sender on the training thread itself, whose command then
+                acts at the very next boundary.
 
         Returns:
             The request sent.
@@ -362,6 +365,9 @@ class RunLifecycle:
         channel = self.channel
         if channel is None:
             raise NotListeningError(f"Run {self.name!r} is {self.state}; it takes no more commands.")
+        if direct:
+            channel.inject(request)
+            return request
         try:
             deliver(channel.address, request, kind=channel.kind)
         except ChannelError as error:

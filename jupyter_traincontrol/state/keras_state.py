@@ -26,7 +26,7 @@ Keras and numpy are imported lazily, inside the functions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..checkpoint import Checkpoint, CheckpointError, NonFiniteStateError
 from .arrays import is_finite
@@ -41,10 +41,17 @@ class KerasState:
 
     Args:
         model: The model being trained (with its optimizer, if compiled).
+        count: The step count of a model without an optimizer (a custom
+            loop's own). Defaults to None.
     """
 
-    def __init__(self, model):
+    suffix = ".keras"
+    #: The boundary may copy it (`snapshot`) and write it in the background.
+    snapshots = True
+
+    def __init__(self, model, count: "Callable[[], int | None] | None" = None):
         self.model = model
+        self._count = count
 
     def sync(self) -> None:
         """Brings the variables up to date (JAX keeps them in the trainer during `fit`)."""
@@ -53,8 +60,9 @@ class KerasState:
             sync()
 
     def step(self) -> int | None:
-        """``optimizer.iterations``, or None without an optimizer."""
-        return optimizer_step(self.model)
+        """``optimizer.iterations``; without an optimizer, the loop's own count (or None)."""
+        step = optimizer_step(self.model)
+        return step if step is not None or self._count is None else self._count()
 
     def snapshot(self, buffers: SnapshotBuffers | None) -> ModelSnapshot:
         """A host copy of what ``model.save`` writes, into `buffers`' arrays."""

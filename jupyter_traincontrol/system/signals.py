@@ -14,7 +14,7 @@ on any thread. `ChainedHandler` is the one implementation of that pairing:
   default disposition would).
 
 Subclasses say what the signal means while installed (`handle`): a first
-Ctrl+C that stops a run (`fit.sigint`), a SIGTERM that stops a job
+Ctrl+C that stops a run (`sigint`), a SIGTERM that stops a job
 (`job.signals`), a SIGTERM held while a kernel shuts down
 (`notebook.kernel_shutdown`).
 """
@@ -25,9 +25,18 @@ import os
 import signal
 import threading
 
-__all__ = ["ChainedHandler", "on_main_thread"]
+__all__ = ["ChainedHandler", "on_main_thread", "write_stderr"]
 
 _retired: dict[int, set["ChainedHandler"]] = {}
+
+
+def write_stderr(text: str) -> None:
+    """Writes `text` to file descriptor 2 directly: safe in a signal handler
+    (``sys.stderr`` is not reentrant); a closed stderr is ignored."""
+    try:
+        os.write(2, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
 
 
 def on_main_thread() -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ...checkpoint import CheckpointStore, SkippedCheckpoint
 from ...state import KerasState, optimizer_step
-from . import random_state
+from ...state import random_state
 from .batch_skipper import BatchSkipper, can_skip_batches
 from .data_order import DataOrder
 

@@ -1,6 +1,6 @@
 """Ctrl+C in a plain script: the first press stops gracefully, the second raises.
 
-`SigintGuard` is installed by `ControlCallback` (and `TrainLoop`) when
+`SigintGuard` is installed by `ControlCallback` and `TrainLoop` when
 training runs on the main thread, and retired when it ends. The first
 SIGINT only calls a function that asks the run to stop (safe in a signal
 handler: no locks, no I/O that can block); a second SIGINT hands the
@@ -23,7 +23,7 @@ import _thread
 import signal
 from typing import Callable
 
-from ..system.signals import ChainedHandler
+from .signals import ChainedHandler
 
 __all__ = ["SigintGuard"]
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import random
+import sys
 from typing import Any
 
 __all__ = ["RESUME_STATE_VERSION", "capture_epoch_start", "capture", "restore", "restore_now"]
@@ -62,7 +63,9 @@ def capture(model, epoch: int, epoch_start: dict[str, Any] | None,
     thread, the model's state synced at this boundary).
 
     Args:
-        model: The model being trained.
+        model: The Keras model being trained (its seed generators are
+            kept), or None (a custom loop's own state: the global random
+            states only).
         epoch: The epoch a resume continues in (`TrainingPosition.resume_epoch`).
         epoch_start: `capture_epoch_start` as that epoch began, or None if
             it has not begun (the checkpoint ends an epoch): then the state
@@ -77,7 +80,7 @@ def capture(model, epoch: int, epoch_start: dict[str, Any] | None,
         "epoch_start": epoch_start,
         "now": capture_epoch_start(),
         "seed_generators": {
-            "model": [_ints(sg.state) for sg in _seed_generators(model)],
+            "model": [_ints(sg.state) for sg in _seed_generators(model)] if model is not None else [],
             "global": _global_state(),
         },
         "data": data,
@@ -95,7 +98,7 @@ def restore(model, state: Any, epoch: int) -> str | None:
         return "the checkpoint holds no random state (an older one): shuffling and dropout may differ from an uninterrupted run"
     try:
         generators = state["seed_generators"]
-        model_generators = _seed_generators(model)
+        model_generators = _seed_generators(model) if model is not None else []
         if len(generators["model"]) != len(model_generators):
             return "the model's random generators do not match the checkpoint's: dropout may differ"
         for sg, values in zip(model_generators, generators["model"]):
@@ -149,9 +152,8 @@ def _unpacked(words):
 
 
 def _torch_state() -> str | None:
-    import keras
-
-    if keras.backend.backend() != "torch":
+    """torch's global generator, when torch is in use (a Keras backend, or a custom loop's)."""
+    if "torch" not in sys.modules:
         return None
     import torch
 
@@ -169,6 +171,8 @@ def _seed_generators(model) -> list:
 
 
 def _global_state() -> list[int] | None:
+    if "keras" not in sys.modules:  # a custom loop without Keras: nothing to keep, and nothing imported
+        return None
     from keras.src.backend.common import global_state
 
     sg = global_state.get_global_attribute("global_seed_generator")

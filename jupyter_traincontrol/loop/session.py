@@ -1,0 +1,271 @@
+"""One custom loop under control: its parts, opened on entry, closed once, and its boundaries.
+
+`LoopSession` is to a `TrainLoop` what `fit.session.FitSession` is to a
+`fit`: the run (its own, or the notebook cell's), the loop's counters, the
+commands' actions, saves and steering, the NaN policy, the resume and the
+Ctrl+C guard, on one `contextlib.ExitStack`. Its boundary methods
+(`epoch_began`, `item_done`, `epoch_ended`) are where waiting commands act,
+on the loop's thread; they are the same boundary layer as `fit`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import threading
+from typing import Any
+
+from ..boundary.actions import CommandActions
+from ..boundary.nan_policy import NanPolicy
+from ..boundary.progress import TrainingProgress
+from ..boundary.saves import SaveScheduler
+from ..boundary.steering import Steering
+from ..checkpoint import Checkpoint, SkippedCheckpoint, TrainingPosition
+from ..protocol import Command, RunState
+from ..state import random_state
+from ..system.sigint import SigintGuard
+from ..system.signals import on_main_thread, write_stderr
+
+__all__ = ["LoopSession"]
+
+
+class LoopSession:
+    """The parts of one `TrainLoop` run.
+
+    Args:
+        run: The run (a `run.RunLifecycle`): open if hosted, else opened here.
+        owns_run: True if the loop opened the run (and closes it).
+        trained: What a checkpoint holds (`state.KerasState`, `TorchState`,
+            `CallableState`, or a state that refuses checkpoints).
+        tunables: What ``set`` may change.
+        settings: The loop's settings (``resume``, ``on_nan``,
+            ``nan_rollbacks``, ``handle_sigint``, ``save_in_background``,
+            ``verbose``, ``model``).
+    """
+
+    def __init__(self, run, owns_run: bool, trained, tunables, settings):
+        self.run = run
+        self.owns_run = owns_run
+        self.trained = trained
+        self.tunables = tunables
+        self.settings = settings
+        self.progress = TrainingProgress()
+        self.progress.last_batch_ends_epoch = False  # the body may go on after the last item
+        self.global_step = 0  # items trained, counted across resumes (the step of states without an optimizer's)
+        self.actions: CommandActions | None = None
+        self.resumed: Checkpoint | None = None
+        self.skip = 0  # items of the resumed epoch already trained
+        self.random_at_epoch_start: dict | None = None
+        self.final_state = RunState.FAILED
+        self.error: str | None = None
+        self.ended = False  # a stop or abort ended the loop
+        self._last_loss = None
+        self._logged: dict[str, list[float]] = {}
+        self._stack = contextlib.ExitStack()
+        self._closing = False
+        self._closing_lock = threading.Lock()
+        self._thread = threading.get_ident()  # the loop's thread: the one that entered the block
+
+    # Opening -------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Opens every part, on the loop's thread. On failure what was opened closes, the run fails."""
+        try:
+            self._open()
+        except BaseException as error:
+            self.close(RunState.FAILED, f"Could not start: {error}")
+            raise
+
+    def _open(self) -> None:
+        run, stack, settings, progress = self.run, self._stack, self.settings, self.progress
+        if self.owns_run:
+            run.open()
+            stack.callback(self._close_run)
+        else:
+            stack.callback(self._log_error)
+        run.follow(progress)
+        stack.callback(run.unfollow)
+        background = settings.save_in_background and getattr(self.trained, "snapshots", False)
+        saves = SaveScheduler(self.trained, run, progress, self.say, background=background,
+                              resume_state=self._resume_state)
+        steering = Steering(self.trained, self.tunables, run, progress, self.say)
+        steering.wait_for_saves = saves.wait_for_writes
+        saves.policy = steering
+        self.actions = CommandActions(self.trained, run, run.channel, progress, saves, self._end, self.say, steering)
+        self.nan_policy = NanPolicy(settings.on_nan, steering, self.actions.stop_without_checkpoint, self.say,
+                                    settings.nan_rollbacks)
+        run.store.acquire()
+        stack.callback(run.store.release)
+        stack.callback(self.actions.detach)  # the saves end while the folder is still held
+        if settings.resume:
+            self._resume()
+        steering.begin(self.resumed)
+        if settings.handle_sigint and self.owns_run and on_main_thread():
+            guard = SigintGuard(self._on_first_sigint)
+            guard.install()
+            stack.callback(guard.retire)
+        if run.state == RunState.STARTING:
+            run.move_to(RunState.RUNNING)
+        if run.state == RunState.STOPPING:  # the cell's run was stopped before this loop
+            self.ended = True
+            run.journal.log("info", "The TrainLoop does not train: the run was told to stop before it began.")
+        if self.owns_run:
+            self.say(f"Run {run.name!r} is listening: `jupyter-traincontrol send {run.name} stop` or "
+                     f"`echo stop > {run.address}`.")
+
+    def _resume(self) -> None:
+        run = self.run
+        restored = run.store.restore_latest(self.trained.restore, on_skip=self._report_skipped)
+        checkpoint = restored.checkpoint
+        if checkpoint is None:
+            message = f"No checkpoint in {run.store.directory} loads: starting from scratch."
+        else:
+            position = checkpoint.position
+            self.resumed = checkpoint
+            self.progress.epoch, self.skip = position.resume_epoch, position.resume_step
+            self.global_step = position.global_step or 0
+            self.progress.global_step = self.trained.step()
+            skipping = f", skipping its first {self.skip} items (already trained)" if self.skip else ""
+            message = (f"Resumed from {checkpoint.path}: epoch {position.resume_epoch + 1}{skipping}; "
+                       f"step {self.progress.global_step}")
+        run.journal.log("info", message)
+        self.say(message)
+
+    def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
+        message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
+        self.run.journal.log("warning", message)
+        self.say(message, stream=sys.stderr)
+
+    # Boundaries ------------------------------------------------------------------
+
+    def _end(self) -> None:
+        self.ended = True
+
+    def step(self) -> int:
+        return self.global_step
+
+    def on_loop_thread(self) -> bool:
+        """True on the thread that runs the loop."""
+        return threading.get_ident() == self._thread
+
+    def _resume_state(self, position: TrainingPosition) -> dict | None:
+        if self.progress.pinned is not None:
+            return self.resumed.info.get("resume_state")
+        started = self.random_at_epoch_start if position.resume_epoch == self.progress.epoch else None
+        return random_state.capture(getattr(self.settings, "model", None), position.resume_epoch, started)
+
+    def epoch_began(self, epoch: int, steps: int | None) -> None:
+        """An epoch begins: the counters, its random state, and waiting commands."""
+        progress = self.progress
+        progress.epoch, progress.step, progress.steps = epoch, 0, steps if steps is not None else progress.steps
+        progress.stopped_mid_epoch, progress.epoch_begun = False, True
+        progress.version += 1
+        self._logged = {}
+        self.random_at_epoch_start = random_state.capture_epoch_start()
+        self.actions.apply_pending(mid_epoch=False)
+
+    def data_began(self) -> None:
+        """Before the first item of an epoch is drawn: a resumed epoch's data
+        order is the interrupted run's (its random state as it began)."""
+        if self.resumed is not None and self.progress.epoch == self.resumed.position.resume_epoch:
+            reason = random_state.restore(getattr(self.settings, "model", None), self.resumed.info.get("resume_state"),
+                                          self.progress.epoch)
+            if reason is not None:
+                self.run.journal.log("warning", f"Resume is not exact: {reason}.")
+            if self.skip:
+                self.progress.pinned = self.resumed.position  # a checkpoint now is of the resumed one's state
+
+    def item_skipped(self, done: bool) -> None:
+        """An item the resumed checkpoint already trained was drawn (not yielded)."""
+        progress = self.progress
+        progress.step += 1
+        if done:
+            self.skip = 0
+            progress.pinned = None
+            random_state.restore_now(self.resumed.info.get("resume_state"))
+        if self.actions.pending:
+            self.actions.apply_pending(mid_epoch=True)
+
+    def item_done(self) -> None:
+        """The boundary after an item the loop's body trained on."""
+        progress = self.progress
+        progress.boundary += 1
+        progress.step += 1
+        self.global_step += 1
+        progress.version += 1
+        loss, self._last_loss = self._last_loss, None
+        self.run.history.add_loss(loss)
+        if loss is not None and not math.isfinite(loss):
+            self.nan_policy.on_non_finite(loss, progress.epoch, progress.step - 1)
+        if self.actions.pending:
+            self.actions.apply_pending(mid_epoch=True)
+
+    def epoch_ended(self, epoch: int) -> None:
+        """The epoch's end: its mean logs into the history, waiting commands."""
+        progress = self.progress
+        if progress.steps is None and not progress.stopped_mid_epoch:
+            progress.steps = progress.step  # learned from the first full epoch
+        logs = {name: sum(values) / len(values) for name, values in self._logged.items() if values}
+        self.run.history.record_epoch(epoch, logs)
+        progress.version += 1
+        self.actions.apply_pending(mid_epoch=False)
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        """The body's metrics for the item in progress (``loss`` drives the NaN policy)."""
+        plain = {}
+        for name, value in metrics.items():
+            number = float(value)
+            plain[name] = number
+            self._logged.setdefault(name, []).append(number)
+        self.progress.metrics = {**self.progress.metrics, **plain}
+        if "loss" in plain:
+            self._last_loss = plain["loss"]
+
+    # Interrupts and the end ---------------------------------------------------------
+
+    def note_interrupt(self) -> None:
+        """The next stop is an interrupt's (its checkpoint's reason). Any thread."""
+        if self.actions is not None:
+            self.actions.interrupted = True
+
+    def _on_first_sigint(self) -> None:
+        # In a signal handler: no printing through sys.stdout (not reentrant).
+        self.note_interrupt()
+        try:
+            self.run.send(Command.STOP, sender="sigint")
+        except Exception:  # the run ended meanwhile
+            pass
+        write_stderr("\n[traincontrol] Ctrl+C: stopping after this item, with a checkpoint. "
+                      "Press Ctrl+C again to interrupt at once.\n")
+
+    def write_end_checkpoint(self) -> None:
+        """The loop ran all its epochs: a last checkpoint (reason ``end``)."""
+        self.trained.sync()
+        self.actions.saves.write_now("end")
+
+    def _close_run(self) -> None:
+        self.run.close(self.final_state, self.error)
+        self.say(f"Run {self.run.name!r} {self.final_state}.")
+
+    def _log_error(self) -> None:
+        if self.error is not None:
+            self.run.journal.log("error", self.error)
+
+    def close(self, final_state: RunState, error: str | None = None) -> None:
+        """Ends the loop's run in `final_state`; once, from any thread."""
+        with self._closing_lock:
+            if self._closing:
+                return
+            self._closing = True
+        self.final_state, self.error = final_state, error
+        self._stack.close()
+
+    @property
+    def ended_by(self) -> Command | None:
+        return self.actions.ended_by if self.actions is not None else None
+
+    def say(self, message: str, stream=None) -> None:
+        if self.settings.verbose:
+            print(f"[traincontrol] {message}", file=stream or sys.stdout, flush=True)
+

@@ -1,0 +1,256 @@
+"""`TrainLoop`: control of a custom training loop (GradientTape, a jitted JAX step, PyTorch).
+
+::
+
+    with TrainLoop(name="tape", checkpoint_dir="ckpt/tape", model=model, optimizer=opt) as loop:
+        for epoch in loop.epochs(20):             # on resume: starts at the checkpoint's epoch
+            for batch in loop.batches(dataset):   # commands act between two items
+                loss = train_step(batch)
+                loop.log(loss=float(loss))        # metrics for the panel, CLI, record and on_nan
+    print(loop.state)                             # 'stopped', 'finished', 'aborted', 'failed'
+
+The same run as a `fit`'s: listed in the registry, a FIFO, the CLI, the
+REST API and the panels, the same commands acting at the same kind of
+boundary (between two items, and at an epoch's start and end), the same
+crash-safe checkpoints. What a checkpoint holds is one of ``model=`` (a
+Keras model and ``optimizer=``: a ``.keras`` file), ``state=`` (objects with
+``state_dict``/``load_state_dict``: a ``.pt`` file), or ``save=``/``load=``
+(the user's functions, given the checkpoint's folder). ``resume=True``
+loads the newest checkpoint and continues at the very next item:
+`batches` draws, without yielding, the items of the epoch already trained.
+
+A stop ends both loops after the item in flight (and its checkpoint); the
+``with`` block goes on. An exception in the body ends the run ``failed``
+with its traceback; leaving the block closes everything.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
+from ..protocol import Command, RunState, final_state
+from ..run import RunLifecycle
+from .host import current_host
+from .session import LoopSession
+from .states import build_state
+
+__all__ = ["TrainLoop"]
+
+
+class TrainLoop:
+    """A custom training loop under control: a context manager.
+
+    Args:
+        name: The run's name, unique among live runs. Defaults to ``run-N``.
+        checkpoint_dir: Folder of the checkpoints. Defaults to ``checkpoints/NAME``.
+        keep: Checkpoints kept. Defaults to 3.
+        resume: Continue from the newest checkpoint of this run's name (at
+            its epoch, at the item after it). Defaults to False.
+        model: A Keras 3 model; a checkpoint is a ``.keras`` file with its
+            weights and the optimizer's state.
+        optimizer: The Keras optimizer that updates `model`. Defaults to
+            ``model.optimizer``; an uncompiled model is compiled with it
+            (so its checkpoints hold the optimizer's state).
+        state: Names to objects with ``state_dict()``/``load_state_dict()``
+            (PyTorch modules, optimizers, schedulers, a ``GradScaler``).
+        save: With `load`: writes the state into the folder it is given.
+        load: Reads the state back from such a folder.
+        tunables: Names to variables (Keras variables, or torch tensors in a
+            PyTorch loop) that ``set NAME=VALUE`` may change.
+        on_nan: What a non-finite ``loss`` given to `log` does: ``stop``,
+            ``rollback`` or ``ignore`` (as `ControlCallback`'s). Defaults to ``stop``.
+        handle_sigint: On the main thread, the first Ctrl+C stops with a
+            checkpoint. Defaults to True.
+        verbose: One line when the run starts, resumes, checkpoints, ends.
+        nan_rollbacks: Rollbacks ``on_nan="rollback"`` makes. Defaults to 3.
+        save_in_background: Write ``save`` checkpoints on a writer thread
+            from a host copy, where the state can be copied (a model,
+            ``state=``). Defaults to True.
+        save_at_end: A loop that ran all its epochs writes a last checkpoint
+            (reason ``end``). Defaults to True.
+        sync: Called at each boundary where a command acts, before the state
+            is read: for state kept outside `model`'s variables (write it
+            back there). Defaults to none.
+
+    Raises:
+        ValueError: For settings that do not fit together (two kinds of
+            state, `save` without `load`, ...), saying what was given.
+    """
+
+    def __init__(self, name: str | None = None, checkpoint_dir=None, keep: int = 3, resume: bool = False, *,
+                 model=None, optimizer=None, state: Mapping[str, Any] | None = None,
+                 save: Callable[[Path], Any] | None = None, load: Callable[[Path], Any] | None = None,
+                 tunables: Mapping[str, Any] | None = None, on_nan: str = "stop", handle_sigint: bool = True,
+                 verbose: bool = True, nan_rollbacks: int = DEFAULT_MAX_ROLLBACKS, save_in_background: bool = True,
+                 save_at_end: bool = True, sync: Callable[[], None] | None = None):
+        self.on_nan = check_policy(on_nan, nan_rollbacks)
+        self.nan_rollbacks = nan_rollbacks
+        self.resume = bool(resume)
+        self.handle_sigint = handle_sigint
+        self.verbose = verbose
+        self.save_in_background = bool(save_in_background)
+        self.save_at_end = bool(save_at_end)
+        self.model = model
+        self._parts = dict(model=model, optimizer=optimizer, state=state, save=save, load=load, tunables=tunables,
+                           sync=sync)
+        build_state(**self._parts, step=lambda: 0)  # checks the settings now, not on entry
+        self._requested = (name, checkpoint_dir, keep)
+        RunLifecycle(name, checkpoint_dir, keep)  # checks name and keep now
+        self._session: LoopSession | None = None
+        self._host = None
+        self._epochs_done = False
+
+    # The run -------------------------------------------------------------------
+
+    def __enter__(self) -> "TrainLoop":
+        if self._session is not None:
+            raise RuntimeError("This TrainLoop was entered already; make a new one for another loop.")
+        host = self._host = current_host()
+        if host is not None:  # the notebook cell's run: its settings apply
+            run, owns = host.lifecycle, False
+            self.resume = host.take_resume()
+            self.on_nan, self.save_in_background = host.on_nan, host.save_in_background
+            self.handle_sigint, self.verbose = False, False
+        else:
+            run, owns = RunLifecycle(*self._requested, origin=None), True
+        session = None
+        trained, tunables = build_state(**self._parts, step=lambda: session.step())
+        session = self._session = LoopSession(run, owns, trained, tunables, self)
+        session.open()
+        if host is not None:
+            host.driver_began(self)
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        session = self._require()
+        if kind is not None:
+            text = "".join(traceback.format_exception(kind, error, tb))
+            session.close(RunState.FAILED, text)
+        else:
+            ended_by = session.ended_by
+            if ended_by is None and self._epochs_done and self.save_at_end:
+                session.write_end_checkpoint()
+            session.close(final_state(ended_by))
+        if self._host is not None:
+            self._host.driver_ended(self)
+        return False
+
+    def _require(self) -> LoopSession:
+        if self._session is None:
+            raise RuntimeError("Use TrainLoop in a with block: `with TrainLoop(...) as loop:`.")
+        return self._session
+
+    # The loops -------------------------------------------------------------------
+
+    def epochs(self, count: int) -> Iterator[int]:
+        """Yields the epochs to train, ``0`` to ``count - 1`` (from the
+        resumed checkpoint's, after a resume); at each one's start and end,
+        waiting commands act. Ends early after a ``stop`` or ``abort``."""
+        session = self._require()
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"epochs() takes a whole number of epochs, at least 0, got {count!r}.")
+        session.progress.epochs = count
+        for epoch in range(session.progress.epoch, count):
+            if session.ended:
+                return
+            session.epoch_began(epoch, None)
+            if session.ended:
+                return
+            yield epoch
+            session.epoch_ended(epoch)
+        if not session.ended:
+            self._epochs_done = True
+
+    def batches(self, items: Iterable) -> Iterator[Any]:
+        """Yields the items of one epoch; between two items (when the body
+        has trained on one) waiting commands act. After a resume, the items
+        the checkpoint already trained in its epoch are drawn without being
+        yielded. Ends early after a ``stop`` or ``abort``."""
+        session = self._require()
+        if not session.progress.epoch_begun:
+            raise RuntimeError("batches() runs inside epochs(): `for epoch in loop.epochs(N): for b in loop.batches(data):`.")
+        if session.ended:
+            return
+        size = len(items) if hasattr(items, "__len__") else None
+        if size is not None and session.progress.steps is None:
+            session.progress.steps = size
+        session.data_began()
+        iterator = iter(items)
+        skip = session.skip if session.progress.step == 0 else 0
+        for index in range(skip):
+            next(iterator, None)
+            session.item_skipped(done=index == skip - 1)
+            if session.ended:
+                return
+        for item in iterator:
+            yield item
+            session.item_done()
+            if session.ended:
+                return
+
+    def log(self, **metrics: float) -> None:
+        """The metrics of the item just trained (``loss`` among them for
+        ``on_nan``): shown by the panels and the CLI, kept per epoch (their
+        mean) in the record's history."""
+        self._require().log(metrics)
+
+    # Public view ---------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """``starting``, ``running``, ... then ``stopped``, ``aborted``, ``finished`` or ``failed``."""
+        session = self._session
+        return str(session.run.state) if session is not None else str(RunState.STARTING)
+
+    @property
+    def name(self) -> str | None:
+        session = self._session
+        return session.run.name if session is not None else self._requested[0]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in progress (zero-based, as `epochs` yields it)."""
+        return self._require().progress.epoch
+
+    @property
+    def step(self) -> int:
+        """Items trained (or drawn) in the epoch in progress."""
+        return self._require().progress.step
+
+    @property
+    def checkpoints(self) -> list[Path]:
+        """The run's complete checkpoints, oldest first."""
+        session = self._session
+        return session.run.checkpoint_paths() if session is not None else []
+
+    @property
+    def fifo(self) -> str | None:
+        """Where to write commands while the loop listens."""
+        session = self._session
+        return session.run.address if session is not None else None
+
+    @property
+    def ended_by(self) -> Command | None:
+        """``stop`` or ``abort`` if that command ended the loop."""
+        session = self._session
+        return session.ended_by if session is not None else None
+
+    def note_interrupt(self) -> None:
+        """The next stop is an interrupt's (its checkpoint's reason)."""
+        if self._session is not None:
+            self._session.note_interrupt()
+
+    def send(self, command, sender: str | None = "loop"):
+        """Sends the loop's run a command (``"stop"``, ``"set lr=1e-4"``) and
+        returns the `protocol.Request` (its ``request_id`` is in the record's
+        acks once it acted). From the loop's own body, it acts at the next
+        boundary; from another thread, as any writer's."""
+        session = self._require()
+        return session.run.send(command, sender=sender, direct=session.on_loop_thread())
+
+    def __repr__(self) -> str:
+        return f"<TrainLoop {self.name!r} {self.state}>"
+
