@@ -88,6 +88,8 @@ def test_a_cell_without_fit_or_train_loop_answers_commands_at_once_and_an_interr
     kernel.wait_for("done > 5", timeout=30)
     state = kernel.value(f"{RUN}.state")
     assert state == "starting" and not kernel.value(f"{RUN}.driving")  # nothing drives it, nothing claims to
+    kernel.wait_for(f"'Nothing in this cell is under control' in {RUN}.panel.note.value", timeout=10)
+    assert kernel.value(f"all(button.disabled for button in {RUN}.panel.buttons.values())")
     started = time.monotonic()
     answered = cli("send", "own", "stop", "--wait", "30")
     assert time.monotonic() - started < 10  # not the 30 s timeout

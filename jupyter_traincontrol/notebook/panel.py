@@ -251,6 +251,8 @@ class ControlPanel:
             bar.bar_style = _BAR_STYLES[state]
         self.stats.value = self._stats_html(now, progress)
         enabled = {str(command) for command in allowed_commands(state)}
+        if self._uncontrolled(state, now):
+            enabled = set()  # nothing would act on a click
         for key, button in self.buttons.items():
             button.disabled = key not in enabled and not (key == "pause" and "resume" in enabled)
         pause = self.buttons["pause"]
@@ -262,7 +264,7 @@ class ControlPanel:
         self._refresh_outcome(state, progress)
         self.metrics.value = metrics_html(progress.metrics)
         self.chart.value = loss_chart_svg(lifecycle.history.epochs, lifecycle.history.loss_curve.points())
-        self.note.value = self._note_html(state)
+        self.note.value = self._note_html(state, now)
         self.log.value = log_html(list(lifecycle.journal.events)[-8:])
         self.output.value = self._output_html()
 
@@ -310,7 +312,12 @@ class ControlPanel:
             parts.append(f"{rate * batch_size:,.0f} samples/s" if batch_size else f"{rate:,.1f} batches/s")
         return f'<span style="font-size:12px">{" · ".join(parts)}</span>'
 
-    def _note_html(self, state: str) -> str:
+    def _uncontrolled(self, state: str, now: float) -> bool:
+        """True once the cell has run a second with no fit or TrainLoop begun."""
+        started = self.run.lifecycle.started or now
+        return state not in FINAL_STATES and self.run.uncontrolled and now - started >= 1.0
+
+    def _note_html(self, state: str, wall_now: float) -> str:
         now = time.monotonic()
         while True:
             try:
@@ -320,7 +327,13 @@ class ControlPanel:
         # A click's notice is news for a few seconds, and none once the run has ended.
         lines = [html.escape(note) for shown, note in self._click_notes
                  if now - shown < NOTE_SECONDS and state not in FINAL_STATES]
-        if state not in FINAL_STATES and self._kernel_busy():
+        if self._uncontrolled(state, wall_now):
+            lines.append(
+                "Nothing in this cell is under control (yet): it has run no fit and no TrainLoop, so the buttons "
+                "would do nothing. Train with <code>model.fit(...)</code> or in <code>with TrainLoop(...) as loop:</code>"
+                " to control it; an interrupt interrupts the cell's code."
+            )
+        elif state not in FINAL_STATES and self._kernel_busy():
             # The JupyterLab extension hides this (class traincontrol-busy-note)
             # where it sends the clicks to the server: there they do not wait.
             lines.append(

@@ -152,6 +152,11 @@ class TrainingRun(FitInterceptor):
         return self.drivers.driving
 
     @property
+    def uncontrolled(self) -> bool:
+        """True while no fit or TrainLoop has begun in the cell: nothing can act on a command."""
+        return self.drivers.count == 0
+
+    @property
     def active(self) -> bool:
         """True until the cell's code has ended."""
         return self._thread is not None and not self._done.is_set()
