@@ -3,8 +3,8 @@
 A run folder appears whole, by renaming a prepared one (with its lock link
 and first record) into place, or not at all. A record stays, with its final
 state, while its process lives; `release` removes the folder (keeping its
-last record a while as a tombstone), and every folder this process claimed
-is released when it exits (`release_all`).
+last record in the history of ended runs, `tombstones`), and every folder
+this process claimed is released when it exits (`release_all`).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class RunFolder:
 
     def release(self) -> None:
         """Removes the run's folder if it is still this run's, keeping its
-        last record a while as a tombstone (see `read_tombstone`). Idempotent."""
+        last record in the history (see `tombstones`). Idempotent."""
         _claimed_in_this_process.discard(self)
         self.seal()
         with self._write_lock:
@@ -170,7 +170,8 @@ def _free_name(folder: Path, name: str) -> None:
         if claimed.path == folder and claimed.owns_folder():
             claimed.release()  # an ended run of this process: let go of it now
             return
-    move_away(folder)  # an ended run of a live process: its record goes
+    keep_tombstone(folder)  # an ended run of a live process: its record goes to the history
+    move_away(folder)
 
 
 _claimed_in_this_process: set[RunFolder] = set()
