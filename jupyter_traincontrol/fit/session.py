@@ -25,14 +25,15 @@ from ..boundary.saves import SaveScheduler
 from ..boundary.steering import Steering
 from ..boundary.tunables import Tunables
 from ..checkpoint import SkippedCheckpoint, TrainingPosition
-from ..protocol import Command, RunState
+from ..protocol import Command, RunState, final_state
 from ..run import RunLifecycle
 from ..state import KerasState
 from . import watchdog
 from .resume import random_state
 from .resume.batch_skipper import rebuild_train_function
 from .resume.data_order import DataOrder
-from .resume.resumption import Resumption, resume_from_latest
+from .resume.resumption import Resumption, resume_from_latest, resume_from_source
+from .resume.sources import find_source
 from .sigint import SigintGuard
 from .watchdog import FitWatchdog
 
@@ -49,6 +50,8 @@ class FitSettings(Protocol):
     owns_lifecycle: bool
     job: "Job | None"
     resume: bool
+    resume_from: "str | os.PathLike | None"
+    save_at_end: bool
     handle_sigint: bool
     verbose: bool
     save_in_background: bool
@@ -84,6 +87,7 @@ class FitSession:
         self.lost_because: str | None = None  # why `fit` left without on_train_end, if known
         self.final_state = RunState.FAILED
         self.error: str | None = None
+        self.end_reason: str | None = None
         self._stack = contextlib.ExitStack()
         self._closing = False
         self._closing_lock = threading.Lock()
@@ -157,7 +161,7 @@ class FitSession:
         store.acquire()  # checked and locked before the first step
         stack.callback(store.release)
         stack.callback(self.actions.detach)  # the saves end while the folder is still held
-        if callback.resume:
+        if callback.resume or callback.resume_from is not None:
             self._resume(store)
         steering.begin(self.resumption.checkpoint if self.resumption is not None else None)
         if callback.handle_sigint:
@@ -179,12 +183,17 @@ class FitSession:
             self.actions.apply_pending(mid_epoch=False)
 
     def _resume(self, store) -> None:
-        run = self.run
-        self.resumption = resume_from_latest(self.model, store, on_skip=self._report_skipped, data_order=self.data_order)
+        run, resume_from = self.run, self.callback.resume_from
+        if resume_from is not None:  # another run's checkpoints, or a file: found, or `fit` fails saying what was
+            self.resumption = resume_from_source(self.model, find_source(resume_from, store.directory),
+                                                 on_skip=self._report_skipped, data_order=self.data_order)
+        else:
+            self.resumption = resume_from_latest(self.model, store, on_skip=self._report_skipped,
+                                                 data_order=self.data_order)
         self._stack.callback(self.resumption.undo)
         self.progress.epoch = self.resumption.epoch
         self.progress.global_step = self.trained.step()
-        run.journal.log("info", self.resumption.message)
+        run.journal.log("warning" if self.resumption.others else "info", self.resumption.message)
         self.say(self.resumption.message)
         for difference in self.resumption.differences:  # said once, at resume; a warning reaches
             run.journal.log("warning", difference)       # stderr through `logging` even when not verbose
@@ -273,21 +282,53 @@ class FitSession:
             self.run.journal.acknowledge(request, "ignored", "fit ended before the step the job agreed on")
 
     def _close_run(self) -> None:
-        self.run.close(self.final_state, self.error)
+        self.run.close(self.final_state, self.error, self.end_reason)
         self.say(f"Run {self.run.name!r} {self.final_state}.")
 
     def _log_error(self) -> None:
         if self.error is not None:  # the run goes on after this fit (a notebook cell's): its log says why
             self.run.journal.log("error", self.error)
 
-    def close(self, final_state: RunState, error: str | None = None) -> None:
+    def train_ended(self) -> None:
+        """``on_train_end`` (the training thread): a `fit` that ran to its end
+        writes its last checkpoint (reason ``end``, unless ``save_at_end`` is
+        off or no batch was trained), then the run closes in its final state."""
+        actions = self.actions
+        state = final_state(actions.ended_by)
+        if state is RunState.FINISHED and self.callback.save_at_end and self.progress.boundary and not self._closing:
+            self._save_at_end()
+        self.close(state, end_reason=actions.end_reason(state))
+
+    def _save_at_end(self) -> None:
+        """The checkpoint of a finished `fit`, on disk when this returns. A
+        failure is said, never raised: `fit` has trained, it returns its History."""
+        progress = self.progress
+        progress.mid_epoch = progress.in_validation = False  # after the last epoch's end, as a stop there
+        if progress.steps is not None and progress.step < progress.steps:
+            progress.stopped_mid_epoch = True  # a callback of the user's ended the epoch early
+        try:
+            self.trained.sync()
+            self.actions.saves.write_now("end")
+        except Exception as error:  # a model Keras cannot serialize: training is done all the same
+            message = f"Could not write the checkpoint at the end of fit: {error}"
+            self.run.journal.log("error", message)
+            self.say(message, stream=sys.stderr)
+
+    def close(self, final_state: RunState, error: str | None = None, end_reason: str | None = None) -> None:
         """Ends the fit's run in `final_state`: every part closes, in reverse
-        order of opening. Once; from any thread (a second caller returns at once)."""
+        order of opening. Once; from any thread (a second caller returns at once).
+
+        Args:
+            final_state: The run's final state.
+            error: Why it failed, for ``failed``.
+            end_reason: How it ended (`protocol.END_REASONS`); defaults to
+                what `final_state` says.
+        """
         with self._closing_lock:
             if self._closing:
                 return
             self._closing = True
-        self.final_state, self.error = final_state, error
+        self.final_state, self.error, self.end_reason = final_state, error, end_reason
         self._stack.close()
 
     @property
