@@ -33,6 +33,10 @@ from .output import route_thread_output
 __all__ = ["TrainingRun", "RunView", "active_runs", "all_runs", "OutputBuffer"]
 
 _INTERRUPT_BURST_SECONDS = 1.0
+#: jupyter_client interrupts a kernel before it asks it to shut down (a
+#: restart too): a run a kernel interrupt stopped waits this long for that
+#: request before it says how it ended.
+_SHUTDOWN_AFTER_INTERRUPT_SECONDS = 0.25
 
 _runs_lock = threading.Lock()
 _active: list["TrainingRun"] = []
@@ -121,6 +125,10 @@ class TrainingRun(FitInterceptor):
             copied to host memory (see `ControlCallback`). False: every
             checkpoint is written on the training thread, with no host
             copy. Defaults to True.
+        save_at_end: A ``fit`` that runs to its end writes a last
+            checkpoint (see `ControlCallback`). Defaults to True.
+        resume_from: Resume the first ``fit`` from another run's newest
+            checkpoint, or from a checkpoint file (see `ControlCallback`).
 
     Example:
 
@@ -144,6 +152,8 @@ class TrainingRun(FitInterceptor):
         tunables: dict | None = None,
         on_nan: str = "stop",
         save_in_background: bool = True,
+        save_at_end: bool = True,
+        resume_from: str | None = None,
     ):
         self.on_interrupt = parse_command(on_interrupt)
         if self.on_interrupt not in (Command.STOP, Command.SAVE, Command.ABORT):
@@ -155,7 +165,7 @@ class TrainingRun(FitInterceptor):
         self.lifecycle = RunLifecycle(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
         self.callback = ControlCallback(
             lifecycle=self.lifecycle, resume=resume, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan,
-            save_in_background=save_in_background,
+            save_in_background=save_in_background, save_at_end=save_at_end, resume_from=resume_from,
         )
         self.output = OutputBuffer()
         self.history = None
@@ -164,6 +174,7 @@ class TrainingRun(FitInterceptor):
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_interrupt = float("-inf")
+        self._shutting_down = threading.Event()
         self.panel: RunView | None = None  # set by the extension
 
     # Public view -----------------------------------------------------------
@@ -262,8 +273,13 @@ class TrainingRun(FitInterceptor):
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def note_shutdown(self) -> None:
+        """The kernel is shutting down or restarting: a stop now (its own, or
+        the interrupt jupyter_client sends first) ends the run ``kernel-restart``."""
+        self._shutting_down.set()
+
     def _main(self) -> None:
-        final, error = RunState.FINISHED, None
+        final, error, reason = RunState.FINISHED, None, None
         try:
             with route_thread_output(self.output.write), intercept_fit(self):
                 exec(self._compiled, self._namespace)
@@ -272,10 +288,15 @@ class TrainingRun(FitInterceptor):
             error = _format_cell_error(exception)
         else:
             final = final_state(self.callback.ended_by)
+            reason = self.callback.end_reason(final)
             if self.fit_calls == 0:
                 self.lifecycle.journal.log("warning", "The cell ended without calling fit: nothing was trained.")
         finally:
-            self.lifecycle.close(final, error)
+            if reason == "interrupt":  # the interrupt a shutdown or restart begins with?
+                self._shutting_down.wait(_SHUTDOWN_AFTER_INTERRUPT_SECONDS)
+            if self._shutting_down.is_set() and final in (RunState.STOPPED, RunState.ABORTED):
+                reason = "kernel-restart"
+            self.lifecycle.close(final, error, reason)
             with _runs_lock:
                 if self in _active:
                     _active.remove(self)
@@ -297,7 +318,7 @@ class TrainingRun(FitInterceptor):
         try:
             history = fit(*bound.args, **bound.kwargs)
         finally:
-            self.callback.resume = False  # only the first fit of the cell resumes
+            self.callback.resume, self.callback.resume_from = False, None  # only the first fit of the cell resumes
         self.history = history
         return history
 
