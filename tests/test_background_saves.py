@@ -156,7 +156,8 @@ def test_a_save_is_written_in_the_background_with_the_weights_of_its_boundary(ma
 
 def test_saves_during_a_write_merge_into_the_next_and_all_are_answered(make_model, tiny_data, tmp_path):
     model = make_model()
-    control = ControlCallback(name="merge", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False)
+    control = ControlCallback(name="merge", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False,
+                              save_at_end=False)
     probe = Scripted(control, {1: ["save #a"], 2: ["save #b"], 3: ["save #c", "save #d"]}, on_phase=_slow(0.6))
     _fit(model, tiny_data, control, probe, epochs=2)
     checkpoints = control.lifecycle.checkpoints()

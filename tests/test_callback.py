@@ -413,7 +413,7 @@ def test_the_record_says_how_the_run_ended(make_model, tiny_data, ckpt, ctrl_c, 
     if state == "failed":
         with pytest.raises(RuntimeError, match="boom"):
             fit(make_model(), tiny_data, control, At(1, 2, _explode))
-        wait_until(lambda: control.state == "failed", message="the watchdog to notice")
+        wait_until(lambda: find_run(name)["state"] == "failed", message="the watchdog to notice")
     else:
         fit(make_model(), tiny_data, control, *([At(1, 2, act)] if action else []))
     record = find_run(name)

@@ -130,8 +130,12 @@ class RunFolder:
 
     def owns_folder(self) -> bool:
         """True while the folder on disk still belongs to this run."""
+        return self._own_record() is not None
+
+    def _own_record(self) -> dict[str, Any] | None:
+        """The record on disk, if the folder still belongs to this run."""
         record = read_json(self.record_path)
-        return isinstance(record, dict) and record.get("run_id") == self.run_id
+        return record if isinstance(record, dict) and record.get("run_id") == self.run_id else None
 
     def release(self) -> None:
         """Removes the run's folder if it is still this run's, keeping its
@@ -142,8 +146,9 @@ class RunFolder:
             if self._released:
                 return
             self._released = True
-            if self.owns_folder():
-                keep_tombstone(self.path)
+            record = self._own_record()
+            if record is not None:
+                keep_tombstone(self.path, record)
                 move_away(self.path)
 
 

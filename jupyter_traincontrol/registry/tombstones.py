@@ -41,10 +41,27 @@ HISTORY_RUNS = 50
 HISTORY_SECONDS = 7 * 24 * 3600.0
 
 
-def keep_tombstone(folder: Path) -> None:
+def keep_tombstone(folder: Path, own: dict[str, Any] | None = None) -> None:
     """Keeps the last record of the run in `folder`, whose folder is about to
     go, in the history; one that is not valid is not kept. Never raises:
-    without a tombstone, a waiting sender says the run is gone."""
+    without a tombstone, a waiting sender says the run is gone.
+
+    Args:
+        folder: The run's folder.
+        own: The record as this process read it from its own run's folder
+            (`RunFolder.release`): a final one is moved as it is, not
+            read and written again.
+    """
+    if own is not None and own.get("state") in FINAL_STATES and own.get("end_reason") is not None:
+        try:
+            path = _folder(folder.parent, create=True) / _file_name(own)
+            os.replace(folder / RECORD_NAME, path)
+            ended = _number(own.get("ended")) or time.time()
+            os.utime(path, (ended, ended))
+            remove_old_tombstones(folder.parent)
+        except (OSError, KeyError, TypeError):
+            pass
+        return
     text = read_record_text(folder / RECORD_NAME)
     record, _problem = validate_record(text, folder.name) if text is not None else (None, "")
     if record is None:
