@@ -12,7 +12,11 @@ longer listens (it ended, or its process is gone, also while ``--wait``
 waited); 5 the command could not be delivered; 6 the run could not carry
 the command out (``--wait``: a save that could not be written, a ``set``
 this optimizer refuses, a ``rollback`` to a checkpoint it does not have);
-7 ``--wait`` timed out before the run acknowledged the command.
+7 ``--wait`` timed out before the run acknowledged the command (a run
+still ``starting``, whose code has not called ``fit`` yet, is said to be).
+
+``list --all`` also shows the ended runs of the last 7 days (at most 50),
+with how each ended (``end_reason``), after kernel and server restarts too.
 """
 
 from __future__ import annotations

@@ -42,8 +42,9 @@ class ControlCallback(keras.callbacks.Callback):
 
     At train begin the callback lists the run in the registry and opens its
     command channel (a FIFO); at each batch boundary it applies waiting
-    commands (see `protocol.COMMAND_HELP`); at train end it records the
-    final state and closes the channel. An instance can be reused for
+    commands (see `protocol.COMMAND_HELP`); at train end a `fit` that ran
+    to its end writes a last checkpoint (``save_at_end``), then the run
+    records its final state and how it ended, and closes its channel. An instance can be reused for
     several `fit` calls.
 
     Args:

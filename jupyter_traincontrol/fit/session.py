@@ -7,7 +7,9 @@ counts and the resume, the Ctrl+C guard, the watchdog that notices a `fit`
 that raised. Each part is pushed on one `contextlib.ExitStack` as it opens,
 so `close` unwinds them in reverse, once, whatever thread ends the fit (the
 training thread at train end, the publisher's watchdog tick when `fit`
-raised, a job's watcher when a process was lost, or exit).
+raised, a job's watcher when a process was lost, or exit). At train end
+(`train_ended`), a `fit` that ran to its end first writes its last
+checkpoint (reason ``end``), and the run is closed saying how it ended.
 """
 
 from __future__ import annotations
