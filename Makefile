@@ -1,4 +1,4 @@
-# `make lab` runs the main job; `make test` runs the tests. Both set up .venv first.
+# `make lab` opens JupyterLab on the example notebooks; `make test` runs the tests. Both set up .venv first.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 LAB_FLAGS ?= --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo lab test clean
+.PHONY: setup demo lab test wheel clean
 
 # The install also builds the JupyterLab extension (npm): redo it when its sources change.
 LAB_SOURCES := setup.py labextension/package.json labextension/package-lock.json labextension/tsconfig.json \
@@ -27,11 +27,12 @@ demo: $(STAMP)
 	$(BIN)/python examples/notebook_demo.py
 	$(BIN)/python examples/script_demo.py
 
-## lab: the headless demo, then JupyterLab on a copy of the example notebooks
-## in work/ (ignored by git), so running them leaves the tracked ones clean;
-## copies already there are kept (your edits and outputs stay yours)
+## lab: JupyterLab on a copy of the example notebooks in work/ (ignored by
+## git), so running them leaves the tracked ones clean; copies already there
+## are kept (your edits and outputs stay yours). `make demo` runs the
+## headless demo on its own.
 LAB_DIR ?= work
-lab: demo
+lab: $(STAMP)
 	mkdir -p $(LAB_DIR)
 	cp -n notebooks/*.ipynb $(LAB_DIR)/
 	cd $(LAB_DIR) && $(BIN)/jupyter lab quickstart.ipynb $(LAB_FLAGS)
@@ -44,12 +45,20 @@ lab: demo
 BACKEND_TESTS ?= tests/test_callback.py tests/test_cli.py tests/test_checkpoint.py tests/test_faults.py \
                  tests/test_steering.py tests/test_background_saves.py tests/test_exact_resume.py \
                  tests/test_backends.py tests/test_notebook_backends.py
-test: $(STAMP)
+test: $(STAMP) wheel
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q
+	JUPYTER_TRAINCONTROL_WHEEL="$$(ls $(abspath $(WHEEL_DIR))/jupyter_traincontrol-*.whl)" $(BIN)/python -m pytest -q
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q $(BACKEND_TESTS)
 	KERAS_BACKEND=torch $(BIN)/python -m pytest -q $(BACKEND_TESTS)
 
+## wheel: the wheel users install (`python -m build --wheel`: builds the
+## JupyterLab extension with npm if its sources changed); tests/test_install.py
+## installs it into a fresh venv on a PATH without Node
+WHEEL_DIR ?= dist
+wheel: $(STAMP)
+	rm -f $(WHEEL_DIR)/jupyter_traincontrol-*.whl
+	$(BIN)/python -m build --wheel --outdir $(WHEEL_DIR)
+
 clean:
-	rm -rf $(VENV) build *.egg-info checkpoints notebooks/checkpoints test-artifacts work \
+	rm -rf $(VENV) build dist *.egg-info checkpoints notebooks/checkpoints test-artifacts work \
 	       labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo jupyter_traincontrol/labextension

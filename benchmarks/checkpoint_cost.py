@@ -100,7 +100,8 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
 
     schedule = _common.rotation(list(VARIANTS), rounds, warmup=1)
     control = ControlCallback(name="bench-checkpoint", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False,
-                              handle_sigint=False, save_in_background=background)
+                              handle_sigint=False, save_in_background=background,
+                              save_at_end=False)  # the saves measured are the commands'; no end checkpoint
     checkpoint_events = []
     results: dict[str, list[float]] = {name: [] for name in [*VARIANTS, "model.save in command"]}
     plain_path = folder / "plain" / "model.keras"
@@ -238,7 +239,7 @@ def measure_memory(model, folder: Path) -> dict[str, float]:
     from jupyter_traincontrol.transport.send import deliver
 
     control = ControlCallback(name="bench-memory", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False,
-                              handle_sigint=False)
+                              handle_sigint=False, save_at_end=False)
     found: dict[str, float] = {}
     if not hasattr(os, "sysconf") or not os.path.exists("/proc/self/statm"):
         return found

@@ -122,7 +122,8 @@ def test_a_snapshot_of_views_writes_the_same_file_as_model_save(make_model, tiny
 def test_back_to_back_background_saves_each_hold_their_boundary_and_the_copy_is_dropped_at_the_end(
         make_model, tiny_data, tmp_path):
     model = make_model()
-    control = ControlCallback(name="reuse", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False)
+    control = ControlCallback(name="reuse", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False,
+                              save_at_end=False)
     probe = Scripted(control, {2: ["save #a"], 3: ["save #b"], 12: ["save #c"]}, on_phase=_slow(0.3))
 
     class WaitForWriter(keras.callbacks.Callback):  # b reuses a's arrays, c reuses b's: never two copies at once
@@ -141,7 +142,8 @@ def test_back_to_back_background_saves_each_hold_their_boundary_and_the_copy_is_
 
 def test_a_save_is_written_in_the_background_with_the_weights_of_its_boundary(make_model, tiny_data, tmp_path):
     model = make_model()
-    control = ControlCallback(name="bg", checkpoint_dir=tmp_path / "ck", verbose=False, handle_sigint=False)
+    control = ControlCallback(name="bg", checkpoint_dir=tmp_path / "ck", verbose=False, handle_sigint=False,
+                              save_at_end=False)
     probe = Scripted(control, {2: ["save #one"]}, on_phase=_slow(0.5))
     _fit(model, tiny_data, control, probe)
     (checkpoint,) = control.lifecycle.checkpoints()
@@ -154,7 +156,8 @@ def test_a_save_is_written_in_the_background_with_the_weights_of_its_boundary(ma
 
 def test_saves_during_a_write_merge_into_the_next_and_all_are_answered(make_model, tiny_data, tmp_path):
     model = make_model()
-    control = ControlCallback(name="merge", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False)
+    control = ControlCallback(name="merge", checkpoint_dir=tmp_path / "ck", keep=5, verbose=False, handle_sigint=False,
+                              save_at_end=False)
     probe = Scripted(control, {1: ["save #a"], 2: ["save #b"], 3: ["save #c", "save #d"]}, on_phase=_slow(0.6))
     _fit(model, tiny_data, control, probe, epochs=2)
     checkpoints = control.lifecycle.checkpoints()
@@ -201,7 +204,7 @@ def test_a_failing_background_write_is_reported_failed_and_training_goes_on(make
 def test_saving_in_the_foreground_writes_on_the_training_thread(make_model, tiny_data, tmp_path):
     model = make_model()
     control = ControlCallback(name="fg", checkpoint_dir=tmp_path / "ck", verbose=False, handle_sigint=False,
-                              save_in_background=False)
+                              save_in_background=False, save_at_end=False)
     threads = []
     probe = Scripted(control, {2: ["save #g"]}, on_phase=lambda name: threads.append(threading.current_thread().name))
     _fit(model, tiny_data, control, probe)

@@ -75,7 +75,7 @@ def test_the_notebook_panel_asks_before_abort_shows_how_a_run_finished_and_keeps
     # A finished run's panel: how it ended, not a row of faded buttons.
     outcome = done.locator(".traincontrol-outcome")
     outcome.wait_for(timeout=60_000)
-    assert words(outcome).startswith("Finished: fit ran to its end at epoch 3/3")
+    assert words(outcome).startswith("Finished: training ran to its end at epoch 3/3")
     assert done.locator("button.traincontrol-button").evaluate_all("(buttons) => buttons.filter(b => b.offsetParent).length") == 0
     wait_idle(page)
 
@@ -87,7 +87,7 @@ def test_the_notebook_panel_asks_before_abort_shows_how_a_run_finished_and_keeps
     wait_until(lambda: record_of("nb-busy").get("checkpoints"), timeout=30, message="the checkpoint of Save")
     open_side_panel(page)
     ended = page.locator(f'{PANEL} .jp-TrainControl-run[data-run="nb-done"]')
-    ended.locator(".jp-TrainControl-outcomeText", has_text="Finished: fit ran to its end").wait_for()
+    ended.locator(".jp-TrainControl-outcomeText", has_text="Finished: training ran to its end").wait_for()
     assert "jp-mod-ended" in ended.get_attribute("class")
     screenshot(page, f"{app}-1400-running-and-finished")
 
@@ -150,7 +150,7 @@ def test_ended_runs_stay_listed_with_how_they_ended_across_kernel_and_server_res
         assert names.index("nb-busy") < names.index("nb-done"), names
         for scope in (page.locator(PANEL), place_of(page, 1, "nb-done")):
             card = scope.locator('.jp-TrainControl-run[data-run="nb-done"]')
-            card.locator(".jp-TrainControl-outcomeText", has_text="Finished: fit ran to its end").wait_for()
+            card.locator(".jp-TrainControl-outcomeText", has_text="Finished: training ran to its end").wait_for()
             assert card.get_attribute("data-end-reason") == "finished", where
             (path,) = [item.get_attribute("data-path") for item in card.locator(".jp-TrainControl-checkpoint").all()]
             assert read_sidecar(path)["reason"] == "end", where  # save_at_end

@@ -54,7 +54,7 @@ def test_stop_checkpoints_then_ends_fit_gracefully(make_model, tiny_data, ckpt):
 
 def test_save_writes_a_checkpoint_and_training_goes_on(make_model, tiny_data, ckpt):
     model = make_model()
-    control = ControlCallback(name="saver", checkpoint_dir=ckpt)
+    control = ControlCallback(name="saver", checkpoint_dir=ckpt, save_at_end=False)  # the save's checkpoint only
     history = fit(model, tiny_data, control, At(0, 5, lambda cb: send_and_wait_queued(control, "save")))
     assert history.epoch == list(range(EPOCHS))
     assert control.state == "finished"
@@ -327,3 +327,164 @@ def test_an_instance_can_be_reused_for_several_fits(make_model, tiny_data, ckpt)
     assert len(list_runs()) == 1
 
 
+
+
+# A fit that runs to its end -------------------------------------------------------------
+
+
+def test_a_fit_that_runs_to_its_end_leaves_a_checkpoint_flushed_at_once(make_model, tiny_data, ckpt):
+    model = make_model()
+    control = ControlCallback(name="ender", checkpoint_dir=ckpt)
+    phases = []
+    watch = At(0, 0, lambda cb: setattr(control.lifecycle.store, "on_phase", phases.append))
+    history = fit(model, tiny_data, control, watch)
+    assert history.epoch == list(range(EPOCHS)) and control.state == "finished"
+    (checkpoint,) = control.checkpoints
+    info = read_sidecar(checkpoint)
+    assert info["reason"] == "end"
+    assert (info["epoch"], info["step_in_epoch"], info["epoch_complete"]) == (EPOCHS - 1, 8, True)
+    assert (info["resume_epoch"], info["resume_step"], info["global_step"]) == (EPOCHS, 0, EPOCHS * 8)
+    assert "flushed" in phases  # on disk before fit returned, as a stop's
+    for saved, trained in zip(keras.models.load_model(checkpoint).get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(saved, trained)
+    record = find_run("ender")
+    assert record["checkpoints"] == [str(checkpoint)] and record["end_reason"] == "finished"
+
+
+def test_a_resume_from_the_end_checkpoint_trains_no_more_epochs_but_can_go_on(make_model, tiny_data, ckpt):
+    first = ControlCallback(name="done", checkpoint_dir=ckpt)
+    fit(make_model(), tiny_data, first)
+    saved = keras.models.load_model(first.checkpoints[-1])
+
+    again = make_model(seed=5)
+    resumed = ControlCallback(name="done", checkpoint_dir=ckpt, resume=True)
+    history = fit(again, tiny_data, resumed)
+    assert history.epoch == [] and history.history == {}  # it had all the epochs it asked for
+    assert int(again.optimizer.iterations.numpy()) == EPOCHS * 8
+    for a, b in zip(again.get_weights(), saved.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert len(resumed.checkpoints) == 1  # nothing trained: no second end checkpoint
+
+    longer = fit(again, tiny_data, ControlCallback(name="done", checkpoint_dir=ckpt, resume=True), epochs=EPOCHS + 2)
+    assert longer.epoch == [EPOCHS, EPOCHS + 1]
+    assert int(again.optimizer.iterations.numpy()) == (EPOCHS + 2) * 8
+
+
+def test_save_at_end_false_leaves_a_finished_fit_without_a_checkpoint(make_model, tiny_data, ckpt):
+    control = ControlCallback(name="noend", checkpoint_dir=ckpt, save_at_end=False)
+    fit(make_model(), tiny_data, control)
+    assert control.state == "finished" and control.checkpoints == []
+    assert os.listdir(ckpt) == [LOCK_FILE]
+
+
+def test_a_stopped_or_aborted_fit_writes_no_end_checkpoint(make_model, tiny_data, ckpt):
+    stopped = ControlCallback(name="s", checkpoint_dir=ckpt)
+    fit(make_model(), tiny_data, stopped, At(1, 2, lambda cb: send_and_wait_queued(stopped, "stop")))
+    assert [read_sidecar(path)["reason"] for path in stopped.checkpoints] == ["stop"]
+    aborted = ControlCallback(name="a", checkpoint_dir=ckpt)
+    fit(make_model(), tiny_data, aborted, At(1, 2, lambda cb: send_and_wait_queued(aborted, "abort")))
+    assert aborted.checkpoints == []
+
+
+# How a run ended ----------------------------------------------------------------------------
+
+
+def _explode(cb):
+    raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(
+    "name, action, state, reason",
+    [
+        ("by-itself", None, "finished", "finished"),
+        ("by-cli", lambda control: deliver(control.fifo, "stop", sender="cli"), "stopped", "command"),
+        ("by-echo", lambda control: deliver(control.fifo, "abort"), "aborted", "command"),
+        ("by-ctrl-c", lambda control: os.kill(os.getpid(), signal.SIGINT), "stopped", "interrupt"),
+        ("by-error", None, "failed", "error"),
+    ],
+)
+def test_the_record_says_how_the_run_ended(make_model, tiny_data, ckpt, ctrl_c, name, action, state, reason):
+    control = ControlCallback(name=name, checkpoint_dir=ckpt)
+
+    def act(cb):
+        action(control)
+        wait_until(lambda: control.lifecycle.channel.pending, message="the command queued")
+
+    if state == "failed":
+        with pytest.raises(RuntimeError, match="boom"):
+            fit(make_model(), tiny_data, control, At(1, 2, _explode))
+        wait_until(lambda: find_run(name)["state"] == "failed", message="the watchdog to notice")
+    else:
+        fit(make_model(), tiny_data, control, *([At(1, 2, act)] if action else []))
+    record = find_run(name)
+    assert (record["state"], record["end_reason"]) == (state, reason)
+
+
+# Resume from another run ----------------------------------------------------------------------
+
+
+def _stopped_run(make_model, tiny_data, name, ckpt):
+    """A run `name` stopped in epoch 2 (batch 4), with its checkpoint in `ckpt`."""
+    control = ControlCallback(name=name, checkpoint_dir=ckpt, verbose=False)
+    fit(make_model(), tiny_data, control, At(1, 2, lambda cb: send_and_wait_queued(control, "stop")))
+    return control.checkpoints[-1]
+
+
+def test_a_resume_that_finds_only_other_runs_checkpoints_names_them(make_model, tiny_data, ckpt, capsys):
+    _stopped_run(make_model, tiny_data, "a", ckpt)
+    control = ControlCallback(name="b", checkpoint_dir=ckpt, resume=True)
+    history = fit(make_model(), tiny_data, control, epochs=1)
+    assert history.epoch == [0]  # from scratch: a run resumes its own checkpoints only
+    out = capsys.readouterr().out
+    assert f"No checkpoint of run 'b' in {ckpt} yet: starting from scratch." in out
+    assert "The folder holds checkpoints of run 'a' (1, newest ckpt-000001-epoch0002-step000004.keras)" in out
+    assert "ControlCallback(resume_from='a') or %%interruptible_fit --resume-from a" in out
+    warnings = [e["message"] for e in find_run("b")["events"] if e["kind"] == "warning"]
+    assert any("resume_from='a'" in message for message in warnings)
+
+
+def test_resume_from_another_run_continues_it_under_its_own_name(make_model, tiny_data, tmp_path):
+    straight = make_model(seed=7)
+    fit(straight, tiny_data)
+    stopped = _stopped_run(lambda: make_model(seed=7), tiny_data, "a", tmp_path / "a")
+
+    model = make_model(seed=99)
+    control = ControlCallback(name="b", checkpoint_dir=tmp_path / "b", resume_from="a")  # a's folder: from a's record
+    history = fit(model, tiny_data, control)
+    assert history.epoch == [1, 2, 3]
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * 8
+    for a, b in zip(model.get_weights(), straight.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    (own,) = control.checkpoints
+    assert own.parent == tmp_path / "b" and read_sidecar(own)["run"] == "b"
+    assert [e["message"] for e in find_run("b")["events"] if e["message"].startswith("Resumed")][0].startswith(
+        f"Resumed from run 'a''s {stopped}: epoch 2, skipping its first 4 batches")
+    assert stopped.exists()  # the other run's checkpoint is left as it was
+
+
+def test_resume_from_a_checkpoint_file(make_model, tiny_data, ckpt, tmp_path):
+    stopped = _stopped_run(make_model, tiny_data, "a", ckpt)
+    model = make_model(seed=3)
+    history = fit(model, tiny_data, ControlCallback(name="c", checkpoint_dir=tmp_path / "c", resume_from=str(stopped)))
+    assert history.epoch == [1, 2, 3]
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * 8
+
+
+def test_resume_from_nothing_fails_fit_saying_what_was_found(make_model, tiny_data, ckpt):
+    _stopped_run(make_model, tiny_data, "a", ckpt)
+    control = ControlCallback(name="d", checkpoint_dir=ckpt, resume_from="nobody")
+    with pytest.raises(ValueError) as error:
+        fit(make_model(), tiny_data, control)
+    assert str(error.value) == (
+        f"Cannot resume from run 'nobody': {ckpt} holds checkpoints of run 'a' (1, newest "
+        "ckpt-000001-epoch0002-step000004.keras), and no run 'nobody' is listed, nor in the history of ended runs. "
+        "Expected the name of a run whose checkpoints are in the checkpoint folder, or the path of a checkpoint's "
+        ".keras file."
+    )
+    assert control.state == "failed"
+    missing = ckpt / "ckpt-000009-epoch0001-step000000.keras"
+    with pytest.raises(ValueError, match=f"Cannot resume from {missing}: there is no file {missing} \\(its folder holds "
+                                         "checkpoints of run 'a'"):
+        fit(make_model(), tiny_data, ControlCallback(name="e", checkpoint_dir=ckpt, resume_from=missing))
+    with pytest.raises(ValueError, match="resume_from='no such' is neither a checkpoint file nor a run name"):
+        ControlCallback(resume_from="no such")

@@ -216,3 +216,46 @@ def test_resume_continues_after_a_stopped_script(tmp_path):
     assert resumed["epochs"][0] == info["resume_epoch"]
     assert resumed["optimizer_step"] == 6 * 14  # 448 training samples / 32 = 14 batches an epoch
     assert list_runs() == []
+
+
+def test_help_shows_plain_text_not_rst_markup():
+    for argv in (["--help"], ["send", "--help"], ["list", "--help"]):
+        text = cli(*argv).stdout
+        assert "``" not in text, argv
+    assert "a save that could not be written, a set this optimizer refuses" in " ".join(cli("--help").stdout.split())
+
+
+def test_a_wait_on_a_run_that_has_not_called_fit_says_why(tmp_path, capsys):
+    starting = RunLifecycle("early", tmp_path / "ck").open()  # a notebook run whose cell loads its data first
+    try:
+        code, out, err = run_main(capsys, "send", "early", "stop", "--wait", "0.3")
+    finally:
+        starting.close("aborted")
+    assert (code, out) == (7, "")
+    assert err.startswith("jupyter-traincontrol: error: Sent stop to run 'early', but it did not acknowledge it "
+                          "within 0.3 s: the run is starting: its code has not called fit yet")
+
+
+def test_list_all_keeps_ended_runs_with_how_they_ended_after_their_process_is_gone(tmp_path):
+    finished = TrainingProcess("--name", "done", "--checkpoint-dir", str(tmp_path / "a"), "--epochs", "2",
+                               "--batch-sleep", "0")
+    code, result, err = finished.finish()
+    assert code == 0 and result["state"] == "finished", err
+    killed = TrainingProcess("--name", "killed", "--checkpoint-dir", str(tmp_path / "b"), "--epochs", "200")
+    assert cli("send", "killed", "save", "--wait", "30").returncode == 0
+    killed.process.kill()
+    killed.finish()
+
+    assert cli("list").stdout == "No training runs are listed.\n"  # plain `list`: live runs only, as before
+    listed = json.loads(cli("list", "--all", "--json").stdout)  # each `cli` is a fresh process
+    assert [(r["name"], r["state"], r["end_reason"], r["live"]) for r in listed] == [
+        ("done", "finished", "finished", False), ("killed", "running", "process-gone", False)]
+    done, gone = listed
+    assert [read_sidecar(path)["reason"] for path in done["checkpoints"]] == ["end"]
+    assert len(gone["checkpoints"]) == 1 and gone["fifo"] is None and gone["commands"] == []
+    header, *rows = cli("list", "--all").stdout.strip().splitlines()
+    assert header.split() == ["NAME", "STATE", "EPOCH", "STEP", "LOSS", "LR", "AGE", "ENDED", "WHERE"]
+    assert "finished, " in rows[0] and " ago" in rows[0] and f"(pid {finished.process.pid}, gone)" in rows[0]
+    assert "process-gone, " in rows[1]
+    sent = cli("send", "done", "stop")  # an ended run takes no commands, and the error says how it ended
+    assert sent.returncode == 3 and "The last run named 'done' has ended (state finished, end reason finished)" in sent.stderr

@@ -7,11 +7,12 @@ messages a browser sends for a button click.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from helpers import read_sidecar, run_python, wait_until
+from helpers import cli, read_sidecar, run_python, wait_until
 from jupyter_traincontrol.registry import list_runs
 from kernel_harness import FIT_CELL, RUN, Kernel, start_fit
 
@@ -463,3 +464,71 @@ def test_tunables_must_name_a_dict(kernel):
     result = kernel.execute("%%interruptible_fit --tunables nowhere\nmodel.fit(x, y)")
     assert result.status == "error"
     assert "--tunables nowhere: found nothing; expected a dict of names to Keras variables" in result.evalue
+
+
+def test_a_finished_run_leaves_a_checkpoint_that_another_run_resumes_from(kernel, tmp_path):
+    cell = "%%interruptible_fit --name {name} {options}\nhistory = model.fit(x, y, batch_size=8, epochs={epochs}, verbose=0)\n"
+
+    def run(name, options="", epochs=2):
+        result = kernel.execute(cell.format(name=name, options=options, epochs=epochs))
+        assert result.status == "ok", result.error
+        kernel.wait_for(f"{RUN}.state == 'finished'", timeout=60)
+        return [read_sidecar(path) for path in kernel.value(f"[str(p) for p in {RUN}.checkpoints]")]
+
+    (end,) = run("ends")
+    assert (end["reason"], end["resume_epoch"], end["global_step"]) == ("end", 2, 16)
+    assert kernel.value(f"{RUN}.lifecycle.record()['end_reason']") == "finished"
+    assert run("no-end", "--no-save-at-end") == []
+    kernel.execute("%config TrainControlMagics.save_at_end = False")
+    assert run("by-config") == []
+    kernel.execute("%config TrainControlMagics.save_at_end = True")
+
+    (own,) = run("next", "--resume-from ends", epochs=3)  # ends's last checkpoint, in checkpoints/ends
+    assert kernel.value("history.epoch") == [2] and kernel.value("int(model.optimizer.iterations.numpy())") == 24
+    assert (own["run"], own["reason"]) == ("next", "end")
+    assert (tmp_path / "checkpoints" / "next" / own["file"]).is_file()
+
+    wrong = kernel.execute(cell.format(name="wrong", options="--resume-from nobody", epochs=1))
+    assert wrong.ename == "UsageError"
+    assert "Cannot resume from run 'nobody'" in wrong.evalue and "no run 'nobody' is listed" in wrong.evalue
+
+
+def test_a_kernel_restart_leaves_the_run_listed_with_how_it_ended(kernel, tmp_path):
+    start_fit(kernel, "restarted", sleep=0.05)
+    kernel.km.restart_kernel(now=False)  # the kernel interrupts first, then asks for the shutdown
+    listed = {run["name"]: run for run in json.loads(cli("list", "--all", "--json").stdout)}
+    run = listed["restarted"]
+    assert (run["state"], run["end_reason"], run["live"]) == ("stopped", "kernel-restart", False)
+    (checkpoint,) = run["checkpoints"]
+    assert read_sidecar(checkpoint)["reason"] in ("stop", "interrupt")
+
+
+_TF_LOG_LEVEL = (
+    "import os\n"
+    "from traitlets.config import Config\n"
+    "from IPython.core.interactiveshell import InteractiveShell\n"
+    "config = Config()\n"
+    "config.TrainControlMagics.hide_tensorflow_logs = {hide}\n"
+    "shell = InteractiveShell.instance(config=config)\n"
+    "shell.run_line_magic('load_ext', 'jupyter_traincontrol')\n"
+    "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), flush=True)\n"
+    "import tensorflow as tf; tf.constant(1.0) + 1\n"
+)
+
+
+@pytest.mark.parametrize("hide, user_value, seen", [(True, None, "2"), (True, "1", "1"), (False, None, "None")])
+def test_loading_before_tensorflow_keeps_its_native_info_lines_out(hide, user_value, seen):
+    import subprocess
+    import sys
+
+    from helpers import child_env
+
+    env = {key: value for key, value in child_env().items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    if user_value is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = user_value  # the user's own setting is kept
+    result = subprocess.run([sys.executable, "-c", _TF_LOG_LEVEL.format(hide=hide)], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [seen]
+    if seen == "2":
+        assert "cpu_feature_guard" not in result.stderr  # TensorFlow's INFO line about CPU instructions

@@ -54,7 +54,7 @@ def test_a_finished_run_shows_its_outcome_and_checkpoints_instead_of_buttons(ker
     kernel.wait_for(f"{RUN}.state == 'finished'", timeout=60)
     kernel.wait_for(f"'traincontrol-outcome' in {PANEL}.outcome.value", timeout=10)
     outcome = words(kernel.value(f"{PANEL}.outcome.value"))
-    assert "Finished: fit ran to its end at epoch 3/3 · batch 8/8" in outcome
+    assert "Finished: training ran to its end at epoch 3/3 · batch 8/8" in outcome
     paths = kernel.value(f"[str(path) for path in {RUN}.checkpoints]")
     assert paths and all(path in outcome for path in paths), outcome  # each checkpoint with its whole path
     assert "(save, epoch " in outcome

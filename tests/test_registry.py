@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,95 @@ def test_reports_of_bad_records_are_made_once_and_remembered_within_a_bound(capl
     assert caplog.messages.count("bad record r60") == 1
     registry._report_once(Path("/runs/r0"), "bad record r0")  # forgotten long ago: said again
     assert caplog.messages.count("bad record r0") == 2
+
+
+# The history of ended runs ------------------------------------------------------------------
+
+#: A run in a child process: opened, trained a little (no Keras needed), then
+#: ended by `{end}` (Python code, with `run` the `RunLifecycle`).
+CHILD_RUN = (
+    "import os, signal, sys\n"
+    "from jupyter_traincontrol.run import RunLifecycle\n"
+    "run = RunLifecycle({name!r}, {ckpt!r}).open()\n"
+    "run.move_to('running')\n"
+    "{end}\n"
+)
+
+
+def run_child(name: str, ckpt, end: str) -> subprocess.CompletedProcess:
+    code = CHILD_RUN.format(name=name, ckpt=str(ckpt), end=end)
+    return subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_an_ended_run_stays_listed_with_all_after_its_process_exits(tmp_path):
+    assert run_child("alpha", tmp_path / "ck", "run.close('stopped')").returncode == 0
+    assert list_runs() == []  # its process is gone: not a live run
+    (record,) = list_runs(ended=True)
+    assert (record["name"], record["state"], record["end_reason"], record["live"]) == ("alpha", "stopped", "command",
+                                                                                         False)
+    assert record["checkpoint_dir"] == str(tmp_path / "ck") and record["fifo"] is None
+    assert "folder" not in record
+
+
+def test_a_killed_run_is_kept_as_process_gone_and_a_new_process_sees_it(tmp_path, runtime_dir):
+    killed = run_child("ghost", tmp_path / "ck", "run.publish(force=True); os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.returncode == -signal.SIGKILL
+    assert list_runs() == []  # the dead run's folder is swept...
+    assert not (runtime_dir / "ghost").exists()
+    (record,) = list_runs(ended=True)  # ...and its last record kept
+    assert (record["state"], record["end_reason"], record["live"]) == ("running", "process-gone", False)
+    assert (record["fifo"], record["commands"]) == (None, [])
+    # A fresh reader (a restarted server, another terminal) finds it too.
+    code = "import json; from jupyter_traincontrol.registry import list_runs; print(json.dumps(list_runs(ended=True)))"
+    again = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True,
+                           timeout=60)
+    assert [(r["name"], r["run_id"], r["end_reason"]) for r in json.loads(again.stdout)] == [
+        ("ghost", record["run_id"], "process-gone")]
+    from jupyter_traincontrol.registry import read_tombstone
+
+    assert read_tombstone("ghost")["live"] is False  # a waiting sender answers at once
+
+
+def test_a_live_process_s_ended_run_is_listed_live_and_the_history_has_each_instance(tmp_path):
+    from jupyter_traincontrol.registry import read_tombstone
+    from jupyter_traincontrol.run import RunLifecycle
+
+    first = RunLifecycle("twice", tmp_path / "a").open()
+    first.close("finished")
+    (live,) = list_runs(ended=True)
+    assert (live["live"], live["end_reason"]) == (True, "finished")  # its process lives: the record stays
+    second = RunLifecycle("twice", tmp_path / "b").open()  # the name taken again: the first goes to the history
+    second.close("aborted")
+    second.forget()
+    records = list_runs(ended=True)
+    assert [(r["run_id"], r["state"], r["live"]) for r in records] == [(first.run_id, "finished", False),
+                                                                       (second.run_id, "aborted", False)]
+    assert read_tombstone("twice")["run_id"] == second.run_id  # the newest of the name
+    assert "live" not in read_tombstone("twice")
+
+
+def test_the_history_keeps_the_last_fifty_runs_of_the_last_seven_days(runtime_dir):
+    from jupyter_traincontrol.registry.tombstones import HISTORY_RUNS, HISTORY_SECONDS
+
+    for number in range(HISTORY_RUNS + 5):
+        folder = RunFolder.claim(f"r{number}")
+        folder.write_record({"state": "finished", "started": float(number), "ended": time.time()})
+        folder.release()
+    names = [record["name"] for record in list_runs(ended=True)]
+    assert names == [f"r{number}" for number in range(5, HISTORY_RUNS + 5)]
+    oldest = sorted((runtime_dir / ".ended").iterdir(), key=lambda path: path.stat().st_mtime)[0]
+    week_ago = time.time() - HISTORY_SECONDS - 60
+    os.utime(oldest, (week_ago, week_ago))
+    assert len(list_runs(ended=True)) == HISTORY_RUNS - 1
+    assert not oldest.exists()  # removed by the next sweep
+
+
+def test_a_malformed_tombstone_is_skipped_and_reported_once(runtime_dir, caplog):
+    folder = RunFolder.claim("fine")
+    folder.write_record({"state": "stopped"})
+    folder.release()
+    (runtime_dir / ".ended" / "bad.0123.json").write_text('{"name": "bad", "pid": ')
+    assert [record["name"] for record in list_runs(ended=True)] == ["fine"]
+    assert [record["name"] for record in list_runs(ended=True)] == ["fine"]
+    assert sum("bad.0123.json" in message for message in caplog.messages) == 1

@@ -304,3 +304,38 @@ async def test_vocabulary_is_served_for_the_side_panel(api):
     assert [c["name"] for c in vocabulary["commands"]] == ["stop", "save", "abort", "pause", "resume", "set", "rollback"]
     assert vocabulary["allowed"]["running"][-2:] == ["set", "rollback"]
     assert vocabulary["allowed"]["stopping"] == ["abort"] and vocabulary["allowed"]["finished"] == []
+
+
+async def test_runs_all_true_adds_the_ended_runs_of_the_history(api, live_run, tmp_path, capsys):
+    ended = RunLifecycle("ended", tmp_path / "e").open()
+    ended.close("aborted")
+    ended.forget()  # its folder goes: the history keeps its last record
+    killed = subprocess.run(
+        [sys.executable, "-c", "import os, signal; from jupyter_traincontrol.run import RunLifecycle; "
+         f"RunLifecycle('killed', {str(tmp_path / 'k')!r}).open().move_to('running'); os.kill(os.getpid(), signal.SIGKILL)"],
+        env=child_env(registry_root().parent), timeout=60)
+    assert killed.returncode == -9
+    assert [run["name"] for run in await get_runs(api)] == ["alpha"]  # without the parameter: as before
+    response = await api(*API, "runs", params={"all": "true"})
+    runs = json.loads(response.body)
+    assert [(run["name"], run["live"], run["end_reason"]) for run in runs] == [
+        ("alpha", True, None), ("ended", False, "command"), ("killed", False, "process-gone")]
+    assert all({"kernel_id", "kernel_on_this_server", "notebook_path"} <= set(run) for run in runs)
+    assert cli_main(["list", "--all", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [{k: v for k, v in run.items() if k not in ("kernel_id", "kernel_on_this_server", "notebook_path")}
+            for run in runs] == listed  # the same records as `list --all --json`
+    with pytest.raises(tornado.httpclient.HTTPClientError) as error:
+        await api(*API, "runs", params={"all": "maybe"})
+    assert error.value.code == 400
+    assert json.loads(error.value.response.body)["message"] == "Got all='maybe'; expected all=true or all=false."
+
+
+async def test_a_post_may_say_it_comes_from_the_notebook_panel(api, live_run):
+    code, reply = await post_command(api, "alpha", {"command": "save", "sender": "notebook-panel"})
+    assert code == 202 and reply["id"].startswith("nbpanel-")
+    assert live_run.channel.get(5).request_id == reply["id"]
+    code, reply = await post_command(api, "alpha", {"command": "save", "sender": "me"})
+    assert code == 400
+    assert reply["message"] == 'Got sender "me"; expected one of: side-panel, notebook-panel, or none.'
+    assert not live_run.channel.pending

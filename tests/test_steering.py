@@ -49,7 +49,7 @@ def ack(name, request_id):
 
 def test_set_lr_takes_effect_at_the_next_batch_and_is_in_history_record_and_sidecar(make_model, tiny_data, ckpt):
     model = make_model()
-    control = ControlCallback(name="setter", checkpoint_dir=ckpt, verbose=False)
+    control = ControlCallback(name="setter", checkpoint_dir=ckpt, verbose=False, save_at_end=False)
     recorder = Recorder()
     history = fit(model, tiny_data, control, inject(control, "set lr=1e-3 #s1", 1, 2),
                   inject(control, "save #v1", 2, 0), recorder)
@@ -68,6 +68,24 @@ def test_set_lr_takes_effect_at_the_next_batch_and_is_in_history_record_and_side
     assert any(e["kind"] == "change" for e in record["events"])
     (checkpoint,) = control.checkpoints
     assert read_sidecar(checkpoint)["tunables"] == {"learning_rate": 0.001}
+
+
+@pytest.mark.parametrize("request_id, words", [("cli-0123456789ab", "cli"), ("rest-0123456789ab", "the side panel"),
+                                               ("nbpanel-0123456789ab", "the notebook panel"),
+                                               ("panel-0123456789ab", "the notebook panel"), ("mine", "#mine")])
+def test_the_log_says_who_steered_in_words_and_the_id_stays_in_acks(make_model, tiny_data, ckpt, request_id, words):
+    control = ControlCallback(name="who", checkpoint_dir=ckpt, verbose=False, save_at_end=False)
+    fit(make_model(), tiny_data, control, inject(control, f"set lr=1e-3 #{request_id}", 0, 2),
+        inject(control, f"save #{request_id}", 0, 4), inject(control, f"rollback #{request_id}", 0, 6), epochs=1)
+    record = find_run("who")
+    lines = [e["message"] for e in record["events"] if e["kind"] in ("change", "rollback")]
+    assert lines[0] == f"learning_rate 0.01 -> 0.001 (by {words})"
+    assert lines[-1].startswith("Rolled back to ckpt-000001-") and lines[-1].endswith(f" (by {words}).")
+    if words != "#mine":
+        assert not any(request_id in line for line in lines)
+    assert [change["sender"] for change in record["changes"]] == [words, words]
+    assert record["changes"][0]["by"] == f"'set learning_rate=0.001' #{request_id}"  # what and which request
+    assert ack("who", request_id)["ids"] == [request_id]
 
 
 def test_a_set_learning_rate_survives_a_checkpoint_and_resume(make_model, tiny_data, ckpt):

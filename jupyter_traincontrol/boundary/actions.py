@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..protocol import Command, Request, RunState
+from ..protocol import Command, Request, RunState, end_reason
 from .port import RunPort, Trained
 from .progress import TrainingProgress
 from .saves import Outcome, SaveScheduler
@@ -56,6 +56,8 @@ class CommandActions:
         self.run = run
         self.progress = progress
         self.ended_by: Command | None = None
+        self.ending_request: Request | None = None  # the stop or abort that ended the training
+        self.ended_by_nan = False
         self.interrupted = False
         self._end = end
         self._say = say
@@ -119,14 +121,14 @@ class CommandActions:
         if outcome != "applied":
             message = f"stopping without a checkpoint: {message}"
         self.run.journal.acknowledge(request, outcome, message)  # published with the state, in one write
-        self._end_fit(Command.STOP)
+        self._end_fit(Command.STOP, request)
         return None
 
     def _abort(self, request: Request) -> Outcome | None:
         if self.ended_by is Command.ABORT:
             return self._ignored("Already aborting; 'abort' ignored.")
         self.run.journal.acknowledge(request, "applied", "aborting without a checkpoint")
-        self._end_fit(Command.ABORT)
+        self._end_fit(Command.ABORT, request)
         return None
 
     def _hold(self, pause: Request) -> None:
@@ -181,14 +183,24 @@ class CommandActions:
         """
         if self.ended_by is not None:
             return False
+        self.ended_by_nan = True
         self._end_fit(Command.STOP)
         return True
 
-    def _end_fit(self, command: Command) -> None:
+    def end_reason(self, state: RunState | str) -> str | None:
+        """How the training ended in final `state` (`protocol.END_REASONS`):
+        the sender of the stop or abort that ended it, or the NaN policy."""
+        request = self.ending_request
+        if self.interrupted and self.ended_by is Command.STOP and not self.ended_by_nan:
+            return "interrupt"
+        return end_reason(str(state), request.request_id if request is not None else None, nan=self.ended_by_nan)
+
+    def _end_fit(self, command: Command, request: Request | None = None) -> None:
         progress = self.progress
         if progress.mid_epoch and not progress.epoch_is_over:
             progress.stopped_mid_epoch = True
         self.ended_by = command
+        self.ending_request = request
         self._end()
         self.run.move_to(RunState.STOPPING)
 

@@ -36,7 +36,7 @@ import time
 from typing import Any, Callable
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..protocol import Request, assignments, rollback_depth
+from ..protocol import Request, assignments, rollback_depth, sender_words
 from .port import RunPort, Trained
 from .progress import TrainingProgress
 from .saves import Outcome, SaveTerms
@@ -123,7 +123,7 @@ class Steering:
             notes = " (the learning-rate schedule is replaced by this constant)"
         elif "learning_rate" in wanted:
             notes = getattr(self.tunables, "scheduler_note", "")
-        message = self._record(changes, _sender(request)) + notes
+        message = self._record(changes, _sender(request), _said_by(request)) + notes
         self._say(f"Set {message}")
         return "applied", message
 
@@ -144,9 +144,9 @@ class Steering:
             self.journal.log("error", message)
             self._say(message)
             return "failed", message
-        return self.rollback_to(checkpoints[: len(checkpoints) - depth + 1], _sender(request))
+        return self.rollback_to(checkpoints[: len(checkpoints) - depth + 1], _sender(request), _said_by(request))
 
-    def rollback_to(self, checkpoints: list[Checkpoint], by: str) -> Outcome:
+    def rollback_to(self, checkpoints: list[Checkpoint], by: str, said_by: str | None = None) -> Outcome:
         """Loads the newest of `checkpoints` that loads (finite weights, a
         file that reads) into the live model and optimizer (the state synced
         at this boundary), saying which newer ones it skipped; the steered
@@ -154,7 +154,9 @@ class Steering:
 
         Args:
             checkpoints: The candidates, oldest first.
-            by: Who asked, for the change log.
+            by: What asked for it, for the record's ``changes`` (the
+                command line and its id, or the NaN policy).
+            said_by: Who, in words, for the run's log. Defaults to `by`.
         """
         trained, progress = self.trained, self.progress
         kept = self.tunables.read()
@@ -186,8 +188,8 @@ class Steering:
             f"rolled back to {checkpoint.path.name} (epoch {position.epoch + 1}, step {position.step_in_epoch}): "
             f"optimizer step {step_before} -> {progress.global_step}; training goes on at {goes_on}"
         )
-        self._add_change("rollbacks", self.rollbacks - 1, self.rollbacks, by, checkpoint=checkpoint.path.name)
-        self.journal.log("rollback", f"{message[0].upper()}{message[1:]} (by {by}).")
+        self._add_change("rollbacks", self.rollbacks - 1, self.rollbacks, by, said_by, checkpoint=checkpoint.path.name)
+        self.journal.log("rollback", f"{message[0].upper()}{message[1:]} (by {said_by or by}).")
         self._say(message[0].upper() + message[1:] + ".")
         return "applied", message
 
@@ -239,20 +241,20 @@ class Steering:
 
     # Records ----------------------------------------------------------------------------
 
-    def _record(self, changes: list[Change], by: str) -> str:
+    def _record(self, changes: list[Change], by: str, said_by: str | None = None) -> str:
         for change in changes:
             self.overrides[change.name] = change.new
-            self._add_change(change.name, change.old, change.new, by)
+            self._add_change(change.name, change.old, change.new, by, said_by)
         message = ", ".join(f"{c.name} {format_value(c.old)} -> {format_value(c.new)}" for c in changes)
-        self.journal.log("change", f"{message} (by {by})")
+        self.journal.log("change", f"{message} (by {said_by or by})")
         self._publish_values()
         return message
 
-    def _add_change(self, name: str, old, new, by: str, **extra) -> None:
+    def _add_change(self, name: str, old, new, by: str, said_by: str | None = None, **extra) -> None:
         self._first_old.setdefault(name, old)
         progress = self.progress
         change = {
-            "time": time.time(), "by": by, "name": name, "old": old, "new": new,
+            "time": time.time(), "by": by, "sender": said_by or by, "name": name, "old": old, "new": new,
             "epoch": progress.epoch + 1, "step": progress.step, "global_step": self.trained.step(),
             **extra,
         }
@@ -268,5 +270,11 @@ class Steering:
 
 
 def _sender(request: Request) -> str:
-    """What sent a request, for the change log: the command line and its id."""
+    """What sent a request, for the record's ``changes``: the command line and its id."""
     return f"'{request}'" + (f" #{request.request_id}" if request.request_id else "")
+
+
+def _said_by(request: Request) -> str:
+    """Who sent a request, for a person (``cli``, ``the side panel``); the
+    command line for a request without an id."""
+    return sender_words(request.request_id) or f"'{request}'"

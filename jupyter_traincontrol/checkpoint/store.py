@@ -28,8 +28,8 @@ writes it back on its own (within about 30 s on Linux). A save that is
 going to remove the oldest checkpoint (beyond `keep`, sidecar first) first
 flushes the newest one, written a save earlier and by then usually on disk
 already, so that is cheap; with ``keep=1``, the new one is flushed before the
-old one goes. A checkpoint that ends a run (reason ``stop`` or
-``interrupt``) is flushed at once. The sidecar records the model file's
+old one goes. A checkpoint that ends a run (reason ``stop``, ``interrupt`` or
+``end``, a `fit` that ran to its end) is flushed at once. The sidecar records the model file's
 size, so a file that a crash left short or empty is not listed. Together: a
 power cut may lose the ``save`` checkpoints of the last half minute, never
 an older one nor the one a run ended with, and never leaves a broken one
@@ -74,7 +74,7 @@ from .sidecar import DEFAULT_RUN, build_sidecar
 __all__ = ["CheckpointStore", "LOCK_FILE"]
 
 #: Reasons of checkpoints that end a run: flushed to disk before `save` returns.
-_FLUSH_AT_ONCE = frozenset({"stop", "interrupt"})
+_FLUSH_AT_ONCE = frozenset({"stop", "interrupt", "end"})
 
 
 class CheckpointStore:
@@ -211,7 +211,7 @@ class CheckpointStore:
 
         When this returns, the checkpoint is complete and listed; it is on
         disk for good (flushed) at once if `reason` ends the run (``stop``,
-        ``interrupt``), otherwise once the kernel has written it back or the
+        ``interrupt``, ``end``), otherwise once the kernel has written it back or the
         next save flushes it (see the module's docstring). A store that does
         not hold its folder takes it for the save and lets it go after.
 

@@ -12,7 +12,11 @@ longer listens (it ended, or its process is gone, also while ``--wait``
 waited); 5 the command could not be delivered; 6 the run could not carry
 the command out (``--wait``: a save that could not be written, a ``set``
 this optimizer refuses, a ``rollback`` to a checkpoint it does not have);
-7 ``--wait`` timed out before the run acknowledged the command.
+7 ``--wait`` timed out before the run acknowledged the command (a run
+still ``starting``, whose code has not called ``fit`` yet, is said to be).
+
+``list --all`` also shows the ended runs of the last 7 days (at most 50),
+with how each ended (``end_reason``), after kernel and server restarts too.
 """
 
 from __future__ import annotations
@@ -74,10 +78,30 @@ def _state(record: dict[str, Any]) -> str:
     return f"{state} ({count} processes)" if isinstance(count, int) and count > 1 else state
 
 
-def format_table(records: Sequence[dict[str, Any]], now: float | None = None) -> str:
-    """Renders run records as an aligned text table."""
+def _ended(record: dict[str, Any], now: float) -> str:
+    """How and how long ago an ended run ended (``interrupt, 3m02s ago``), or ``-``."""
+    reason = record.get("end_reason")
+    if not isinstance(reason, str):
+        return "-"
+    ended = record.get("ended")
+    return f"{reason}, {_age(ended, now)} ago" if isinstance(ended, (int, float)) else reason
+
+
+def _where(record: dict[str, Any]) -> str:
+    gone = "" if record.get("live", True) else ", gone"
+    return f"{record.get('origin') or '-'} (pid {record.get('pid')}{gone})"
+
+
+def format_table(records: Sequence[dict[str, Any]], now: float | None = None, *, ended: bool = False) -> str:
+    """Renders run records as an aligned text table.
+
+    Args:
+        records: Run records, as `list_runs` returns them.
+        now: The time ages count to. Defaults to now.
+        ended: Add an ENDED column: how each ended run ended, and when.
+    """
     now = time.time() if now is None else now
-    rows = [("NAME", "STATE", "EPOCH", "STEP", "LOSS", "LR", "AGE", "WHERE")]
+    rows = [("NAME", "STATE", "EPOCH", "STEP", "LOSS", "LR", "AGE", *(("ENDED",) if ended else ()), "WHERE")]
     for record in records:
         rows.append(
             (
@@ -88,7 +112,8 @@ def format_table(records: Sequence[dict[str, Any]], now: float | None = None) ->
                 _loss(record.get("metrics")),
                 _learning_rate(record.get("tunables")),
                 _age(record.get("started"), now),
-                f"{record.get('origin') or '-'} (pid {record.get('pid')})",
+                *((_ended(record, now),) if ended else ()),
+                _where(record),
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
@@ -96,13 +121,13 @@ def format_table(records: Sequence[dict[str, Any]], now: float | None = None) ->
 
 
 def _command_list(args: argparse.Namespace) -> int:
-    records = list_runs()
+    records = list_runs(ended=args.all)
     if args.json:
         print(json.dumps([public_record(record) for record in records], indent=1, sort_keys=True))
     elif records:
-        print(format_table(records))
+        print(format_table(records, ended=args.all))
     else:
-        print("No training runs are listed.")
+        print("No training runs are listed." if not args.all else "No training runs are listed, and none ended lately.")
     return 0
 
 
@@ -155,12 +180,17 @@ def _version() -> str:
         return "(not installed)"
 
 
+#: The help's epilog: this module's docstring from its third paragraph, as
+#: plain text (its double backticks are markup for the reference docs).
+_EPILOG = __doc__.split("\n\n", 2)[2].replace("``", "")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``jupyter-traincontrol``."""
     parser = argparse.ArgumentParser(
         prog="jupyter-traincontrol",
         description="List Keras training runs; stop, save, abort, pause, resume, steer (set lr=...) or roll them back.",
-        epilog=__doc__.split("\n\n", 2)[2],
+        epilog=_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     verbs = parser.add_subparsers(dest="verb", metavar="{list,send}")
@@ -172,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show the training runs of this user (live, and ended ones whose process still lives).",
     )
     list_parser.add_argument("--json", action="store_true", help="print a JSON array of run records")
+    list_parser.add_argument(
+        "--all", action="store_true",
+        help="also the ended runs of the last 7 days (at most 50), after a kernel or server restart too, "
+        "with how each ended (end_reason) and its checkpoints",
+    )
     list_parser.set_defaults(handler=_command_list)
 
     send_parser = verbs.add_parser(
@@ -180,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Send one command to a run; it acts at the run's next batch boundary.\n\n"
         + "\n".join(f"  {command.value:<9} {text}" for command, text in COMMAND_HELP.items()),
-        epilog=__doc__.split("\n\n", 2)[2],
+        epilog=_EPILOG,
     )
     send_parser.add_argument("name", help="the run's name, as `list` shows it")
     send_parser.add_argument(

@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 _WAIT_POLL_SECONDS = 0.05
+#: Why a run in state ``starting`` answers nothing yet: commands act at batch boundaries of a fit.
+_STARTING = ": the run is starting: its code has not called fit yet (commands act once fit runs)"
 _PRIVATE_FIELDS = ("folder",)
 
 
@@ -130,7 +132,10 @@ def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
         if not record.get("live", True):
             raise NotListeningError(f"Run {shown} died before applying {request}.")
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"Sent {request} to run {shorten(name, 80)!r}, but it did not acknowledge it within {timeout:g} s.")
+            why = _STARTING if record.get("state") == "starting" else ""
+            raise TimeoutError(
+                f"Sent {request} to run {shorten(name, 80)!r}, but it did not acknowledge it within {timeout:g} s{why}."
+            )
         time.sleep(_WAIT_POLL_SECONDS)
 
 
@@ -139,6 +144,11 @@ def public_record(record: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in record.items() if key not in _PRIVATE_FIELDS}
 
 
-def public_records() -> list[dict[str, Any]]:
-    """The public records of all listed runs, oldest first."""
-    return [public_record(record) for record in list_runs()]
+def public_records(ended: bool = False) -> list[dict[str, Any]]:
+    """The public records of all listed runs, oldest first.
+
+    Args:
+        ended: Also the ended runs of the history (``live: False``, with
+            their ``end_reason``), as ``list --all`` shows them.
+    """
+    return [public_record(record) for record in list_runs(ended=ended)]

@@ -29,8 +29,9 @@ import keras
 from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
 from ..boundary.tunables import check_user_tunables
 from ..job import Job, current_job
-from ..protocol import Command, Request, RunState, final_state
+from ..protocol import Command, Request, RunState
 from ..run import RunLifecycle
+from .resume.sources import check_resume_from
 from .session import FitSession
 
 __all__ = ["ControlCallback"]
@@ -41,8 +42,9 @@ class ControlCallback(keras.callbacks.Callback):
 
     At train begin the callback lists the run in the registry and opens its
     command channel (a FIFO); at each batch boundary it applies waiting
-    commands (see `protocol.COMMAND_HELP`); at train end it records the
-    final state and closes the channel. An instance can be reused for
+    commands (see `protocol.COMMAND_HELP`); at train end a `fit` that ran
+    to its end writes a last checkpoint (``save_at_end``), then the run
+    records its final state and how it ended, and closes its channel. An instance can be reused for
     several `fit` calls.
 
     Args:
@@ -54,8 +56,19 @@ class ControlCallback(keras.callbacks.Callback):
         resume: Load the newest checkpoint of this run's name in
             `checkpoint_dir` that loads before the first batch, and continue
             at its epoch and batch. Broken ones are skipped, and said so;
-            with none, training starts from scratch (and says so). Defaults
-            to False.
+            with none, training starts from scratch (and says so, naming
+            the other runs whose checkpoints the folder holds). Defaults to
+            False.
+        resume_from: Resume from another run's checkpoints instead: a run
+            name (its newest checkpoint that loads, in `checkpoint_dir` or
+            in the folder its record names) or the path of a checkpoint's
+            ``.keras`` file. New checkpoints keep this run's own name.
+            Nothing found fails `fit` before its first step, saying what
+            was found. Defaults to None.
+        save_at_end: When `fit` runs to its end (not stopped, aborted or
+            failed), write a last checkpoint (reason ``end``), flushed to
+            disk before `fit` returns; a resume from it trains no more
+            epochs of a `fit` that had all it asked for. Defaults to True.
         handle_sigint: When `fit` runs on the main thread, make the first
             Ctrl+C a graceful stop. Defaults to True.
         verbose: Print one line when the run starts, resumes or ends, and
@@ -115,6 +128,8 @@ class ControlCallback(keras.callbacks.Callback):
         keep: int = 3,
         resume: bool = False,
         *,
+        resume_from: str | os.PathLike | None = None,
+        save_at_end: bool = True,
         handle_sigint: bool = True,
         verbose: bool = True,
         lifecycle: RunLifecycle | None = None,
@@ -132,6 +147,8 @@ class ControlCallback(keras.callbacks.Callback):
         self.on_nan = check_policy(on_nan, nan_rollbacks)
         self.nan_rollbacks = nan_rollbacks
         self.resume = bool(resume)
+        self.resume_from = check_resume_from(resume_from)
+        self.save_at_end = bool(save_at_end)
         self.handle_sigint = handle_sigint
         self.verbose = verbose
         self.save_in_background = bool(save_in_background)
@@ -173,6 +190,13 @@ class ControlCallback(keras.callbacks.Callback):
         """``stop`` or ``abort`` if that command ended the last (or current) `fit`."""
         session = self._session
         return session.actions.ended_by if session is not None and session.actions is not None else None
+
+    def end_reason(self, state: RunState | str) -> str | None:
+        """How the last `fit` came to end in final `state` (`protocol.END_REASONS`)."""
+        session = self._session
+        if session is not None and session.actions is not None:
+            return session.actions.end_reason(state)
+        return None
 
     def send(self, command: str | Command | Request, sender: str | None = "notebook") -> Request:
         """Sends a command to the run (from any thread), like any writer."""
@@ -228,4 +252,4 @@ class ControlCallback(keras.callbacks.Callback):
         session.actions.apply_pending(mid_epoch=False)
 
     def on_train_end(self, logs=None):
-        self._session.close(final_state(self.ended_by))
+        self._session.train_ended()

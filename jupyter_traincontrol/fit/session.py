@@ -7,12 +7,15 @@ counts and the resume, the Ctrl+C guard, the watchdog that notices a `fit`
 that raised. Each part is pushed on one `contextlib.ExitStack` as it opens,
 so `close` unwinds them in reverse, once, whatever thread ends the fit (the
 training thread at train end, the publisher's watchdog tick when `fit`
-raised, a job's watcher when a process was lost, or exit).
+raised, a job's watcher when a process was lost, or exit). At train end
+(`train_ended`), a `fit` that ran to its end first writes its last
+checkpoint (reason ``end``), and the run is closed saying how it ended.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
@@ -24,15 +27,15 @@ from ..boundary.saves import SaveScheduler
 from ..boundary.steering import Steering
 from ..boundary.tunables import Tunables
 from ..checkpoint import SkippedCheckpoint, TrainingPosition
-from ..protocol import Command, RunState
+from ..protocol import Command, RunState, final_state
 from ..run import RunLifecycle
 from ..state import KerasState, random_state
-from ..system.sigint import SigintGuard
-from ..system.signals import write_stderr
+from ..system.sigint import SigintGuard, graceful_stop
 from . import watchdog
 from .resume.batch_skipper import rebuild_train_function
 from .resume.data_order import DataOrder
-from .resume.resumption import Resumption, resume_from_latest
+from .resume.resumption import Resumption, resume_from_latest, resume_from_source
+from .resume.sources import find_source
 from .watchdog import FitWatchdog
 
 if TYPE_CHECKING:
@@ -48,6 +51,8 @@ class FitSettings(Protocol):
     owns_lifecycle: bool
     job: "Job | None"
     resume: bool
+    resume_from: "str | os.PathLike | None"
+    save_at_end: bool
     handle_sigint: bool
     verbose: bool
     save_in_background: bool
@@ -83,6 +88,7 @@ class FitSession:
         self.lost_because: str | None = None  # why `fit` left without on_train_end, if known
         self.final_state = RunState.FAILED
         self.error: str | None = None
+        self.end_reason: str | None = None
         self._stack = contextlib.ExitStack()
         self._closing = False
         self._closing_lock = threading.Lock()
@@ -156,11 +162,12 @@ class FitSession:
         store.acquire()  # checked and locked before the first step
         stack.callback(store.release)
         stack.callback(self.actions.detach)  # the saves end while the folder is still held
-        if callback.resume:
+        if callback.resume or callback.resume_from is not None:
             self._resume(store)
         steering.begin(self.resumption.checkpoint if self.resumption is not None else None)
         if callback.handle_sigint:
-            guard = SigintGuard(self._on_first_sigint, self._on_second_sigint)
+            stop = graceful_stop(self.note_interrupt, lambda: self.run.send(Command.STOP, sender="sigint"), "batch")
+            guard = SigintGuard(stop, self._on_second_sigint)
             guard.install()
             stack.callback(guard.retire)
 
@@ -178,15 +185,20 @@ class FitSession:
             self.actions.apply_pending(mid_epoch=False)
 
     def _resume(self, store) -> None:
-        run = self.run
-        self.resumption = resume_from_latest(self.model, store, on_skip=self._report_skipped, data_order=self.data_order,
-                                             on_skipped=self._skipped)
+        run, resume_from = self.run, self.callback.resume_from
+        if resume_from is not None:  # another run's checkpoints, or a file: found, or `fit` fails saying what was
+            self.resumption = resume_from_source(self.model, find_source(resume_from, store.directory),
+                                                 on_skip=self._report_skipped, data_order=self.data_order,
+                                                 on_skipped=self._skipped)
+        else:
+            self.resumption = resume_from_latest(self.model, store, on_skip=self._report_skipped,
+                                                 data_order=self.data_order, on_skipped=self._skipped)
         self._stack.callback(self.resumption.undo)
         if self.resumption.skipping:  # until then, a checkpoint is of the resumed one's weights and position
             self.progress.pinned = self.resumption.checkpoint.position
         self.progress.epoch = self.resumption.epoch
         self.progress.global_step = self.trained.step()
-        run.journal.log("info", self.resumption.message)
+        run.journal.log("warning" if self.resumption.others else "info", self.resumption.message)
         self.say(self.resumption.message)
         for difference in self.resumption.differences:  # said once, at resume; a warning reaches
             run.journal.log("warning", difference)       # stderr through `logging` even when not verbose
@@ -253,16 +265,6 @@ class FitSession:
         if self.actions is not None:
             self.actions.interrupted = True
 
-    def _on_first_sigint(self) -> None:
-        # In a signal handler: no printing through sys.stdout (not reentrant).
-        self.note_interrupt()
-        try:
-            self.run.send(Command.STOP, sender="sigint")
-        except Exception:  # the run ended meanwhile: nothing to stop
-            pass
-        write_stderr("\n[traincontrol] Ctrl+C: stopping after this batch, with a checkpoint. "
-                      "Press Ctrl+C again to interrupt at once.\n")
-
     def _on_second_sigint(self) -> None:
         # In a signal handler, on the main thread, which may hold any lock (a
         # record write, a save): ending the run here could wait on a thread that
@@ -283,21 +285,53 @@ class FitSession:
         self.error = self.job.end(self.final_state, self.error)
 
     def _close_run(self) -> None:
-        self.run.close(self.final_state, self.error)
+        self.run.close(self.final_state, self.error, self.end_reason)
         self.say(f"Run {self.run.name!r} {self.final_state}.")
 
     def _log_error(self) -> None:
         if self.error is not None:  # the run goes on after this fit (a notebook cell's): its log says why
             self.run.journal.log("error", self.error)
 
-    def close(self, final_state: RunState, error: str | None = None) -> None:
+    def train_ended(self) -> None:
+        """``on_train_end`` (the training thread): a `fit` that ran to its end
+        writes its last checkpoint (reason ``end``, unless ``save_at_end`` is
+        off or no batch was trained), then the run closes in its final state."""
+        actions = self.actions
+        state = final_state(actions.ended_by)
+        if state is RunState.FINISHED and self.callback.save_at_end and self.progress.boundary and not self._closing:
+            self._save_at_end()
+        self.close(state, end_reason=actions.end_reason(state))
+
+    def _save_at_end(self) -> None:
+        """The checkpoint of a finished `fit`, on disk when this returns. A
+        failure is said, never raised: `fit` has trained, it returns its History."""
+        progress = self.progress
+        progress.mid_epoch = progress.in_validation = False  # after the last epoch's end, as a stop there
+        if progress.steps is not None and progress.step < progress.steps:
+            progress.stopped_mid_epoch = True  # a callback of the user's ended the epoch early
+        try:
+            self.trained.sync()
+            self.actions.saves.write_now("end")
+        except Exception as error:  # a model Keras cannot serialize: training is done all the same
+            message = f"Could not write the checkpoint at the end of fit: {error}"
+            self.run.journal.log("error", message)
+            self.say(message, stream=sys.stderr)
+
+    def close(self, final_state: RunState, error: str | None = None, end_reason: str | None = None) -> None:
         """Ends the fit's run in `final_state`: every part closes, in reverse
-        order of opening. Once; from any thread (a second caller returns at once)."""
+        order of opening. Once; from any thread (a second caller returns at once).
+
+        Args:
+            final_state: The run's final state.
+            error: Why it failed, for ``failed``.
+            end_reason: How it ended (`protocol.END_REASONS`); defaults to
+                what `final_state` says.
+        """
         with self._closing_lock:
             if self._closing:
                 return
             self._closing = True
-        self.final_state, self.error = final_state, error
+        self.final_state, self.error, self.end_reason = final_state, error, end_reason
         self._stack.close()
 
     @property

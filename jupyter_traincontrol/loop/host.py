@@ -27,11 +27,15 @@ class LoopHost(Protocol):
         lifecycle: The cell's run, open: the loop drives it, never closes it.
         on_nan: The magic's ``--on-nan``.
         save_in_background: False for ``--sync-saves``.
+        save_at_end: False for ``--no-save-at-end``.
+        resume_from: The magic's ``--resume-from``, or None.
     """
 
     lifecycle: Any
     on_nan: str
     save_in_background: bool
+    save_at_end: bool
+    resume_from: str | None
 
     def take_resume(self) -> bool:
         """True if this driver resumes (only the first of a cell does)."""

@@ -22,10 +22,10 @@ from ..boundary.progress import TrainingProgress
 from ..boundary.saves import SaveScheduler
 from ..boundary.steering import Steering
 from ..checkpoint import Checkpoint, SkippedCheckpoint, TrainingPosition
-from ..protocol import Command, RunState
+from ..protocol import Command, RunState, end_reason
 from ..state import random_state
-from ..system.sigint import SigintGuard
-from ..system.signals import on_main_thread, write_stderr
+from ..system.sigint import SigintGuard, graceful_stop
+from ..system.signals import on_main_thread
 
 __all__ = ["LoopSession"]
 
@@ -102,7 +102,8 @@ class LoopSession:
             self._resume()
         steering.begin(self.resumed)
         if settings.handle_sigint and self.owns_run and on_main_thread():
-            guard = SigintGuard(self._on_first_sigint)
+            stop = graceful_stop(self.note_interrupt, lambda: self.run.send(Command.STOP, sender="sigint"), "item")
+            guard = SigintGuard(stop)
             guard.install()
             stack.callback(guard.retire)
         if run.state == RunState.STARTING:
@@ -229,23 +230,19 @@ class LoopSession:
         if self.actions is not None:
             self.actions.interrupted = True
 
-    def _on_first_sigint(self) -> None:
-        # In a signal handler: no printing through sys.stdout (not reentrant).
-        self.note_interrupt()
-        try:
-            self.run.send(Command.STOP, sender="sigint")
-        except Exception:  # the run ended meanwhile
-            pass
-        write_stderr("\n[traincontrol] Ctrl+C: stopping after this item, with a checkpoint. "
-                      "Press Ctrl+C again to interrupt at once.\n")
-
     def write_end_checkpoint(self) -> None:
         """The loop ran all its epochs: a last checkpoint (reason ``end``)."""
         self.trained.sync()
         self.actions.saves.write_now("end")
 
+    def end_reason(self, state) -> str | None:
+        """How the loop ended in final `state` (`protocol.END_REASONS`)."""
+        if self.actions is None:
+            return end_reason(str(state))
+        return self.actions.end_reason(state)
+
     def _close_run(self) -> None:
-        self.run.close(self.final_state, self.error)
+        self.run.close(self.final_state, self.error, self.end_reason(self.final_state))
         self.say(f"Run {self.run.name!r} {self.final_state}.")
 
     def _log_error(self) -> None:

@@ -113,7 +113,10 @@ class TrainLoop:
             run, owns = host.lifecycle, False
             self.resume = host.take_resume()
             self.on_nan, self.save_in_background = host.on_nan, host.save_in_background
-            self.handle_sigint, self.verbose = False, False
+            self.save_at_end, self.handle_sigint, self.verbose = host.save_at_end, False, False
+            if host.resume_from is not None:
+                run.journal.log("warning", f"--resume-from {host.resume_from} is for a fit: a TrainLoop resumes "
+                                           "its own run's checkpoints (--resume).")
         else:
             run, owns = RunLifecycle(*self._requested, origin=None), True
         session = None
@@ -237,6 +240,10 @@ class TrainLoop:
         """``stop`` or ``abort`` if that command ended the loop."""
         session = self._session
         return session.ended_by if session is not None else None
+
+    def end_reason(self, state) -> str | None:
+        """How the loop came to end in final `state` (`protocol.END_REASONS`)."""
+        return self._require().end_reason(state)
 
     def note_interrupt(self) -> None:
         """The next stop is an interrupt's (its checkpoint's reason)."""

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from ..protocol import Command
+from ..protocol import Command, end_reason
 
 __all__ = ["CellDrivers", "NOTHING_TO_CONTROL"]
 
@@ -41,16 +41,23 @@ class CellDrivers:
         resume: The first driver resumes from the latest checkpoint.
         on_nan: The magic's ``--on-nan``, for loops.
         save_in_background: False for ``--sync-saves``, for loops.
+        save_at_end: False for ``--no-save-at-end``, for loops.
+        resume_from: The magic's ``--resume-from`` (for a fit; a loop says it does not take it).
     """
 
-    def __init__(self, lifecycle, *, resume: bool, on_nan: str, save_in_background: bool):
+    def __init__(self, lifecycle, *, resume: bool, on_nan: str, save_in_background: bool, save_at_end: bool = True,
+                 resume_from: str | None = None):
         self.lifecycle = lifecycle
         self.on_nan = on_nan
         self.save_in_background = save_in_background
+        self.save_at_end = save_at_end
+        self.resume_from = resume_from
         self.count = 0  # drivers that began
         self.ended_by: Command | None = None  # a stop or abort that ended one: the cell trains no more
         self._resume = resume
         self._current: Any = None  # the TrainLoop or the fit's callback driving now
+        self._last: Any = None  # the last one that ended: it says how the run ended
+        self.interrupted_cell = False  # a kernel interrupt raised KeyboardInterrupt in the cell's code
         self._idle_since: float | None = None
         self.cell_thread: threading.Thread | None = None
 
@@ -74,8 +81,17 @@ class CellDrivers:
         """It ended: a stop or abort ends the cell's training."""
         if self._current is driver:
             self._current = None
-        if self.ended_by is None and getattr(driver, "ended_by", None) is not None:
-            self.ended_by = driver.ended_by
+        if self.ended_by is None:
+            self._last = driver
+            if getattr(driver, "ended_by", None) is not None:
+                self.ended_by = driver.ended_by
+
+    def end_reason(self, state) -> str | None:
+        """How the cell's run came to end in final `state` (`protocol.END_REASONS`):
+        as its last driver says (the one a stop or abort ended, if one did)."""
+        if self._last is not None:
+            return self._last.end_reason(state)
+        return end_reason(str(state))
 
     def note_interrupt(self) -> bool:
         """The next stop is an interrupt's. False when nothing drives the run."""
@@ -89,6 +105,7 @@ class CellDrivers:
         """Raises ``KeyboardInterrupt`` in the cell's thread, as a plain kernel would."""
         thread = self.cell_thread
         if thread is not None and thread.is_alive():
+            self.interrupted_cell = True
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
 
     def answer_idle_commands(self) -> None:

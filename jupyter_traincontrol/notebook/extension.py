@@ -33,21 +33,27 @@ While a run of this kernel is active:
 With no active run, interrupts behave exactly as without the extension.
 Unloading stops active runs gracefully and restores every hook. Loading
 imports neither Keras nor TensorFlow: they load when the first run starts.
+Loaded before TensorFlow is imported, it keeps TensorFlow's native log lines
+(C++ INFO and WARNING on file descriptor 2) out of the notebook by setting
+``TF_CPP_MIN_LOG_LEVEL=2``, unless the user set it
+(``%config TrainControlMagics.hide_tensorflow_logs = False`` before the
+first run, or in ``ipython_config.py``, turns that off).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
-import time
 from pathlib import Path
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode, observe
 
 from ..registry import NameTakenError, unique_name, validate_name
+from .kernel_shutdown import ShutdownHook, stop_runs
 from .run import TrainingRun, active_runs
 
 __all__ = ["TrainControlMagics", "load", "unload", "stop_runs", "SHUTDOWN_GRACE_SECONDS"]
@@ -58,6 +64,8 @@ __all__ = ["TrainControlMagics", "load", "unload", "stop_runs", "SHUTDOWN_GRACE_
 SHUTDOWN_GRACE_SECONDS = 4.5
 #: How long `%unload_ext` waits for active runs to stop.
 UNLOAD_GRACE_SECONDS = 30.0
+#: TensorFlow's C++ log level: 2 keeps INFO and WARNING lines back, ERROR and FATAL still show.
+TF_LOG_LEVEL = ("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _loaded: dict[int, "TrainControlMagics"] = {}
 
@@ -70,23 +78,6 @@ def _kernel_id() -> str | None:
     except Exception:  # not in a kernel, or no connection file
         return None
     return name[len("kernel-") : -len(".json")] if name.startswith("kernel-") and name.endswith(".json") else None
-
-
-def stop_runs(runs: list[TrainingRun], timeout: float) -> list[TrainingRun]:
-    """Sends ``stop`` to `runs` and waits until they end or `timeout` passes.
-
-    Returns:
-        The runs that had not ended in time.
-    """
-    for run in runs:
-        try:
-            run.stop()
-        except OSError:
-            pass  # it ended meanwhile
-    deadline = time.monotonic() + timeout
-    for run in runs:
-        run.wait(max(0.0, deadline - time.monotonic()))
-    return [run for run in runs if run.active]
 
 
 @magics_class
@@ -121,23 +112,45 @@ class TrainControlMagics(Magics):
         "held meanwhile). jupyter_client kills the kernel at its KernelManager.shutdown_wait_time (5 s by "
         "default): for large models raise both, this one about half a second below it.",
     ).tag(config=True)
+    save_at_end = Bool(
+        True,
+        help="A fit that runs to its end writes a last checkpoint (reason end), unless --no-save-at-end is given.",
+    ).tag(config=True)
+    hide_tensorflow_logs = Bool(
+        True,
+        help="Loaded before TensorFlow is imported, set TF_CPP_MIN_LOG_LEVEL=2 (unless it is set), so TensorFlow's "
+        "native INFO and WARNING lines stay out of the notebook. Off: the variable is left as it is.",
+    ).tag(config=True)
     refresh_rate = Float(5.0, help="Panel redraws a second, at most.").tag(config=True)
+    _set_tf_log_level = False  # True while TF_CPP_MIN_LOG_LEVEL is ours (a class default: config may observe first)
     name_prefix = Unicode("fit", help="Default run names are PREFIX-1, PREFIX-2, ...").tag(config=True)
 
     def __init__(self, shell):
         super().__init__(shell=shell)
         self.kernel = getattr(shell, "kernel", None)
         self.watcher = None
-        self.sigterm = None
-        self._original_do_shutdown = None
+        self.shutdown_hook: ShutdownHook | None = None
         self._kernel_id = _kernel_id() if self.kernel is not None else None
         self._in_cell = False
+
+    @observe("hide_tensorflow_logs")
+    def _tf_log_level(self, change=None) -> None:
+        """Sets (or takes back) TF_CPP_MIN_LOG_LEVEL while TensorFlow is not imported yet."""
+        name, value = TF_LOG_LEVEL
+        if "tensorflow" in sys.modules:
+            return  # too late either way: TensorFlow has read it
+        if self.hide_tensorflow_logs and name not in os.environ:
+            os.environ[name], self._set_tf_log_level = value, True
+        elif not self.hide_tensorflow_logs and self._set_tf_log_level:
+            os.environ.pop(name, None)
+            self._set_tf_log_level = False
 
     # Loading and unloading ------------------------------------------------
 
     def install(self) -> None:
         """Registers the magic and hooks the kernel (if any)."""
         self.shell.register_magics(self)
+        self._tf_log_level()
         if self.kernel is None:
             return
         self.shell.events.register("pre_run_cell", self._cell_began)
@@ -146,29 +159,17 @@ class TrainControlMagics(Magics):
 
         self.watcher = KernelInterruptWatcher(self.kernel, self._on_interrupt, lambda: bool(active_runs()))
         self.watcher.install()
-        from .kernel_shutdown import SigtermHold
-
-        self.sigterm = SigtermHold()
-        self.sigterm.install()
-        self._original_do_shutdown = self.kernel.__dict__.get("do_shutdown")
-        original = self.kernel.do_shutdown
-        hold = self.sigterm
-
-        def do_shutdown(restart):
-            runs = active_runs()
-            if runs:
-                with hold.holding():
-                    stop_runs(runs, self.shutdown_grace)
-            return original(restart)
-
-        self.kernel.do_shutdown = do_shutdown
+        self.shutdown_hook = ShutdownHook(self.kernel, lambda: self.shutdown_grace)
+        self.shutdown_hook.install()
 
     def uninstall(self) -> None:
         """Stops active runs, then removes everything `install` installed."""
-        left = stop_runs(active_runs(), UNLOAD_GRACE_SECONDS)
+        left = stop_runs(active_runs(), UNLOAD_GRACE_SECONDS, sender="unload")
         for run in left:
-            run.abort()
-        stop_runs(left, 5.0)
+            run.send("abort", sender="unload")
+        stop_runs(left, 5.0, sender="unload")
+        if self._set_tf_log_level and "tensorflow" not in sys.modules:
+            os.environ.pop(TF_LOG_LEVEL[0], None)
         magics = self.shell.magics_manager.magics
         if magics["cell"].get("interruptible_fit") is not None:
             del magics["cell"]["interruptible_fit"]
@@ -178,17 +179,13 @@ class TrainControlMagics(Magics):
         if self.watcher is not None:
             self.watcher.uninstall()
             self.watcher = None
-        if self.sigterm is not None:
-            self.sigterm.uninstall()
-            self.sigterm = None
+        if self.shutdown_hook is not None:
+            self.shutdown_hook.uninstall()
+            self.shutdown_hook = None
         if self.kernel is not None:
             for name, callback in (("pre_run_cell", self._cell_began), ("post_run_cell", self._cell_ended)):
                 if callback in self.shell.events.callbacks[name]:
                     self.shell.events.unregister(name, callback)
-            if self._original_do_shutdown is None:
-                self.kernel.__dict__.pop("do_shutdown", None)
-            else:
-                self.kernel.do_shutdown = self._original_do_shutdown
 
     @property
     def kernel_busy(self) -> bool:
@@ -216,6 +213,12 @@ class TrainControlMagics(Magics):
     @argument("--checkpoint-dir", help="folder of the run's checkpoints (default: checkpoints/NAME)")
     @argument("--keep", type=int, help="how many of the newest checkpoints to keep (default: 3)")
     @argument("--resume", action="store_true", help="continue from the latest checkpoint in the checkpoint dir")
+    @argument(
+        "--resume-from", metavar="NAME_OR_PATH",
+        help="continue from another run's newest checkpoint (a run name) or from a checkpoint file; "
+        "new checkpoints keep this run's name",
+    )
+    @argument("--no-save-at-end", action="store_true", help="no last checkpoint when fit runs to its end")
     @argument("--wait", action="store_true", help="keep the cell busy until the run ends")
     @argument(
         "--on-interrupt", choices=["stop", "save", "abort"],
@@ -257,15 +260,19 @@ class TrainControlMagics(Magics):
             name = validate_name(args.name) if args.name else unique_name(self.name_prefix)
         except ValueError as error:
             raise UsageError(f"%%interruptible_fit: {error}") from None
-        checkpoint_dir = args.checkpoint_dir or self.checkpoint_dir.format(name=name)
+        checkpoint_dir = str(Path(args.checkpoint_dir or self.checkpoint_dir.format(name=name)).expanduser())
         tunables = self._tunables(args.tunables)
+        if args.resume_from is not None:
+            self._check_resume_from(args.resume_from, checkpoint_dir)
         try:
             run = self._start_run(
                 self.shell.transform_cell(cell),
                 name=name,
-                checkpoint_dir=str(Path(checkpoint_dir).expanduser()),
+                checkpoint_dir=checkpoint_dir,
                 keep=keep,
                 resume=args.resume,
+                resume_from=args.resume_from,
+                save_at_end=self.save_at_end and not args.no_save_at_end,
                 on_interrupt=args.on_interrupt or self.on_interrupt,
                 tunables=tunables,
                 on_nan=args.on_nan or self.on_nan,
@@ -297,6 +304,16 @@ class TrainControlMagics(Magics):
                 "Keras variables, like tunables = {'dropout': keras.Variable(0.2)}."
             )
         return value
+
+    @staticmethod
+    def _check_resume_from(resume_from: str, checkpoint_dir: str) -> None:
+        """``--resume-from``: a run name or checkpoint file that can be found now."""
+        from ..fit.resume.sources import ResumeSourceError, find_source
+
+        try:
+            find_source(resume_from, Path(checkpoint_dir))
+        except (ResumeSourceError, ValueError) as error:
+            raise UsageError(f"%%interruptible_fit: {error}") from None
 
     def _start_run(self, code: str, **options) -> TrainingRun:
         """Starts a `TrainingRun` of `code` with its panel (or text reporter)."""

@@ -15,12 +15,14 @@ does what the previous disposition did: with the default one, the process
 ends at once, as without the extension. So a stop checkpoint gets until
 SIGKILL instead of until SIGTERM.
 
+`ShutdownHook` wraps the kernel's ``do_shutdown``: active runs are sent
+``stop`` (by ``shutdown``: they end ``kernel-restart``) and waited for,
+SIGTERM held meanwhile; then the kernel shuts down as it would have.
+
 Example:
 
->>> hold = SigtermHold(); hold.install()      # main thread  # doctest: +SKIP
->>> with hold.holding():                       # any thread   # doctest: +SKIP
-...     stop_runs(active_runs(), 4.5)
->>> hold.uninstall()                           # main thread  # doctest: +SKIP
+>>> hook = ShutdownHook(kernel, grace=lambda: 4.5); hook.install()   # main thread  # doctest: +SKIP
+>>> hook.uninstall()                                                 # main thread  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,11 +30,38 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 from ..system.signals import ChainedHandler, on_main_thread
+from .run import TrainingRun, active_runs
 
-__all__ = ["SigtermHold"]
+__all__ = ["SigtermHold", "ShutdownHook", "stop_runs"]
+
+
+def stop_runs(runs: list[TrainingRun], timeout: float, sender: str = "notebook") -> list[TrainingRun]:
+    """Sends ``stop`` to `runs` and waits until they end or `timeout` passes.
+
+    Args:
+        runs: The runs.
+        timeout: Seconds to wait at most, for all of them.
+        sender: Who stops them, for the request ids (``shutdown``: the
+            kernel's; the runs then end ``kernel-restart``).
+
+    Returns:
+        The runs that had not ended in time.
+    """
+    for run in runs:
+        if sender == "shutdown":
+            run.note_shutdown()
+        try:
+            run.send("stop", sender=sender)
+        except OSError:
+            pass  # it ended meanwhile
+    deadline = time.monotonic() + timeout
+    for run in runs:
+        run.wait(max(0.0, deadline - time.monotonic()))
+    return [run for run in runs if run.active]
 
 
 class SigtermHold(ChainedHandler):
@@ -73,3 +102,42 @@ class SigtermHold(ChainedHandler):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:  # the default: end now, as without the extension
             self.default_action(signum, frame)
+
+
+class ShutdownHook:
+    """The kernel's ``do_shutdown``, wrapped: active runs stop first, SIGTERM held.
+
+    Args:
+        kernel: The ipykernel kernel.
+        grace: Returns how many seconds to wait for the runs (read at each
+            shutdown: a traitlet may change).
+    """
+
+    def __init__(self, kernel, grace: Callable[[], float]):
+        self.kernel = kernel
+        self.grace = grace
+        self.sigterm = SigtermHold()
+        self._original = None
+
+    def install(self) -> None:
+        """Installs the SIGTERM handler and the wrapper. Main thread only."""
+        self.sigterm.install()
+        self._original = self.kernel.__dict__.get("do_shutdown")
+        original, hold = self.kernel.do_shutdown, self.sigterm
+
+        def do_shutdown(restart):
+            runs = active_runs()
+            if runs:
+                with hold.holding():
+                    stop_runs(runs, self.grace(), sender="shutdown")
+            return original(restart)
+
+        self.kernel.do_shutdown = do_shutdown
+
+    def uninstall(self) -> None:
+        """Puts back the kernel's own ``do_shutdown`` and SIGTERM handler. Main thread only."""
+        self.sigterm.uninstall()
+        if self._original is None:
+            self.kernel.__dict__.pop("do_shutdown", None)
+        else:
+            self.kernel.do_shutdown = self._original

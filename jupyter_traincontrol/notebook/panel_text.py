@@ -102,7 +102,7 @@ def log_html(events: Iterable[Mapping[str, Any]]) -> str:
 
 def outcome_text(state: str, end_reason: str | None = None) -> str:
     """How a run ended, in words (the side panel's ``outcomeText``):
-    ``Stopped by a kernel interrupt``, ``Finished: fit ran to its end``.
+    ``Stopped by a kernel interrupt``, ``Finished: training ran to its end``.
 
     Args:
         state: The run's final state.
@@ -110,7 +110,7 @@ def outcome_text(state: str, end_reason: str | None = None) -> str:
     """
     title = state[:1].upper() + state[1:]
     by_reason = {
-        "finished": "Finished: fit ran to its end",
+        "finished": "Finished: training ran to its end",
         "command": f"{title} by a command",
         "interrupt": f"{title} by a kernel interrupt",
         "kernel-restart": f"{title} when its kernel restarted or shut down",
@@ -121,7 +121,7 @@ def outcome_text(state: str, end_reason: str | None = None) -> str:
     if end_reason in by_reason:
         return by_reason[end_reason]
     by_state = {
-        "finished": "Finished: fit ran to its end",
+        "finished": "Finished: training ran to its end",
         "stopped": "Stopped",
         "aborted": "Aborted",
         "failed": "Failed: the training raised an error",

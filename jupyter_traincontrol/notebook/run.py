@@ -36,6 +36,10 @@ from .output_mime import with_run_reference
 __all__ = ["TrainingRun", "RunView", "active_runs", "all_runs"]
 
 _INTERRUPT_BURST_SECONDS = 1.0
+#: jupyter_client interrupts a kernel before it asks it to shut down (a
+#: restart too): a run a kernel interrupt stopped waits this long for that
+#: request before it says how it ended.
+_SHUTDOWN_AFTER_INTERRUPT_SECONDS = 0.25
 
 _runs_lock = threading.Lock()
 _active: list["TrainingRun"] = []
@@ -87,6 +91,10 @@ class TrainingRun(FitInterceptor):
             copied to host memory (see `ControlCallback`). False: every
             checkpoint is written on the training thread, with no host
             copy. Defaults to True.
+        save_at_end: A ``fit`` that runs to its end writes a last
+            checkpoint (see `ControlCallback`). Defaults to True.
+        resume_from: Resume the first ``fit`` from another run's newest
+            checkpoint, or from a checkpoint file (see `ControlCallback`).
 
     Example:
 
@@ -110,6 +118,8 @@ class TrainingRun(FitInterceptor):
         tunables: dict | None = None,
         on_nan: str = "stop",
         save_in_background: bool = True,
+        save_at_end: bool = True,
+        resume_from: str | None = None,
     ):
         self.on_interrupt = parse_command(on_interrupt)
         if self.on_interrupt not in (Command.STOP, Command.SAVE, Command.ABORT):
@@ -121,9 +131,10 @@ class TrainingRun(FitInterceptor):
         self.lifecycle = RunLifecycle(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
         self.callback = ControlCallback(
             lifecycle=self.lifecycle, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan,
-            save_in_background=save_in_background,
+            save_in_background=save_in_background, save_at_end=save_at_end, resume_from=resume_from,
         )
-        self.drivers = CellDrivers(self.lifecycle, resume=resume, on_nan=on_nan, save_in_background=save_in_background)
+        self.drivers = CellDrivers(self.lifecycle, resume=resume, on_nan=on_nan, save_in_background=save_in_background,
+                                   save_at_end=save_at_end, resume_from=resume_from)
         self.output = OutputBuffer()
         self.history = None
         self.fit_calls = 0
@@ -131,6 +142,7 @@ class TrainingRun(FitInterceptor):
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_interrupt = float("-inf")
+        self._shutting_down = threading.Event()
         self.panel: RunView | None = None  # set by the extension
 
     # Public view -----------------------------------------------------------
@@ -241,21 +253,33 @@ class TrainingRun(FitInterceptor):
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def note_shutdown(self) -> None:
+        """The kernel is shutting down or restarting: a stop now (its own, or
+        the interrupt jupyter_client sends first) ends the run ``kernel-restart``."""
+        self._shutting_down.set()
+
     def _main(self) -> None:
-        final, error = RunState.FINISHED, None
+        final, error, reason = RunState.FINISHED, None, None
         try:
             with route_thread_output(self.output.write), intercept_fit(self), hosting(self.drivers):
                 exec(self._compiled, self._namespace)
         except BaseException as exception:  # the cell failed: record it, keep the kernel healthy
             final = RunState.FAILED
             error = _format_cell_error(exception)
+            if isinstance(exception, KeyboardInterrupt) and self.drivers.interrupted_cell:
+                reason = "interrupt"
         else:
             final = final_state(self.drivers.ended_by)
+            reason = self.drivers.end_reason(final)
             if self.drivers.count == 0:
                 self.lifecycle.journal.log("warning", "The cell ran no fit and no TrainLoop, so nothing in it was under "
                                                       "control: train with model.fit(...) or in `with TrainLoop(...)`.")
         finally:
-            self.lifecycle.close(final, error)
+            if reason == "interrupt":  # the interrupt a shutdown or restart begins with?
+                self._shutting_down.wait(_SHUTDOWN_AFTER_INTERRUPT_SECONDS)
+            if self._shutting_down.is_set() and final in (RunState.STOPPED, RunState.ABORTED):
+                reason = "kernel-restart"
+            self.lifecycle.close(final, error, reason)
             with _runs_lock:
                 if self in _active:
                     _active.remove(self)
@@ -281,6 +305,7 @@ class TrainingRun(FitInterceptor):
             history = fit(*bound.args, **bound.kwargs)
         finally:
             drivers.driver_ended(self.callback)
+            self.callback.resume_from = None  # only the cell's first driver resumes
         self.history = history
         return history
 

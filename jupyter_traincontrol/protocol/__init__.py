@@ -5,6 +5,7 @@
 - `framing`: a byte stream into request lines.
 - `record`: the fields of a run record, for its writer and its readers.
 - `values`: numbers as JSON carries them (NaN as null).
+- `endings`: who sent a request, in words; how a run ended (``end_reason``).
 
 Every other layer builds on this one; it imports nothing of the package.
 """
@@ -12,13 +13,15 @@ Every other layer builds on this one; it imports nothing of the package.
 from .commands import (COMMAND_HELP, COMMAND_NAMES, MAX_ROLLBACK_DEPTH, TUNABLE_ALIASES, Command, Request,
                        UnknownCommandError, assignments, parse_command, parse_request, rollback_depth, shorten,
                        validate_tunable_name)
+from .endings import END_REASONS, end_reason, sender_words
 from .framing import MAX_LINE_BYTES, LineDecoder, Rejected
 from .states import (ACTIVE_STATES, FINAL_STATES, TRANSITIONS, InvalidTransitionError, RunState, allowed_commands,
                      as_state, final_state)
 
 __all__ = [
-    "ACTIVE_STATES", "COMMAND_HELP", "COMMAND_NAMES", "Command", "FINAL_STATES", "InvalidTransitionError",
-    "LineDecoder", "MAX_LINE_BYTES", "MAX_ROLLBACK_DEPTH", "Rejected", "Request", "RunState", "TRANSITIONS",
-    "TUNABLE_ALIASES", "UnknownCommandError", "allowed_commands", "as_state", "assignments", "final_state",
-    "parse_command", "parse_request", "rollback_depth", "shorten", "validate_tunable_name",
+    "ACTIVE_STATES", "COMMAND_HELP", "COMMAND_NAMES", "Command", "END_REASONS", "FINAL_STATES",
+    "InvalidTransitionError", "LineDecoder", "MAX_LINE_BYTES", "MAX_ROLLBACK_DEPTH", "Rejected", "Request",
+    "RunState", "TRANSITIONS", "TUNABLE_ALIASES", "UnknownCommandError", "allowed_commands", "as_state",
+    "assignments", "end_reason", "final_state", "parse_command", "parse_request", "rollback_depth", "sender_words",
+    "shorten", "validate_tunable_name",
 ]

@@ -24,6 +24,7 @@ import math
 from typing import Any, Callable, Mapping
 
 from .commands import shorten
+from .endings import END_REASONS
 from .states import RunState
 
 __all__ = ["Field", "FIELDS", "REQUIRED", "MAX_RECORD_BYTES", "validate_record", "conform", "UndeclaredFieldError"]
@@ -120,6 +121,8 @@ _DECLARED = (
     Field("updated", _optional(_is_number), "when the record was written (seconds since the epoch)"),
     Field("started", _optional(_is_number), "when the run began"),
     Field("ended", _optional(_is_number), "when it ended, or null"),
+    Field("end_reason", _optional(lambda v: v in END_REASONS),
+          "how it ended, once it has: finished, command, interrupt, kernel-restart, error, nan or process-gone"),
     Field("origin", _optional(_is_str), "where it lives: a script's name, or notebook"),
     Field("commands", _optional(_is_list_of(_is_str)), "the commands that make sense in its state"),
     Field("channel", _optional(lambda v: v in ("fifo", "spool")), "how it takes commands, while it listens"),

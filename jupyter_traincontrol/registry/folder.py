@@ -3,8 +3,8 @@
 A run folder appears whole, by renaming a prepared one (with its lock link
 and first record) into place, or not at all. A record stays, with its final
 state, while its process lives; `release` removes the folder (keeping its
-last record a while as a tombstone), and every folder this process claimed
-is released when it exits (`release_all`).
+last record in the history of ended runs, `tombstones`), and every folder
+this process claimed is released when it exits (`release_all`).
 """
 
 from __future__ import annotations
@@ -130,20 +130,25 @@ class RunFolder:
 
     def owns_folder(self) -> bool:
         """True while the folder on disk still belongs to this run."""
+        return self._own_record() is not None
+
+    def _own_record(self) -> dict[str, Any] | None:
+        """The record on disk, if the folder still belongs to this run."""
         record = read_json(self.record_path)
-        return isinstance(record, dict) and record.get("run_id") == self.run_id
+        return record if isinstance(record, dict) and record.get("run_id") == self.run_id else None
 
     def release(self) -> None:
         """Removes the run's folder if it is still this run's, keeping its
-        last record a while as a tombstone (see `read_tombstone`). Idempotent."""
+        last record in the history (see `tombstones`). Idempotent."""
         _claimed_in_this_process.discard(self)
         self.seal()
         with self._write_lock:
             if self._released:
                 return
             self._released = True
-            if self.owns_folder():
-                keep_tombstone(self.path)
+            record = self._own_record()
+            if record is not None:
+                keep_tombstone(self.path, record)
                 move_away(self.path)
 
 
@@ -170,7 +175,8 @@ def _free_name(folder: Path, name: str) -> None:
         if claimed.path == folder and claimed.owns_folder():
             claimed.release()  # an ended run of this process: let go of it now
             return
-    move_away(folder)  # an ended run of a live process: its record goes
+    keep_tombstone(folder)  # an ended run of a live process: its record goes to the history
+    move_away(folder)
 
 
 _claimed_in_this_process: set[RunFolder] = set()

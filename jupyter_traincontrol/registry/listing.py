@@ -19,13 +19,14 @@ from ..protocol.record import validate_record
 from ..system.private_fs import check_private
 from .liveness import folder_is_live, remove_if_dead, sweep_dead_runs
 from .paths import NAME_PATTERN, RECORD_NAME, RunNotFoundError, read_record_text, registry_root
+from .tombstones import ended_runs, read_tombstone
 
 __all__ = ["list_runs", "find_run", "unique_name"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
 
-def list_runs(root: Path | None = None, *, clean: bool = True) -> list[dict[str, Any]]:
+def list_runs(root: Path | None = None, *, clean: bool = True, ended: bool = False) -> list[dict[str, Any]]:
     """Reads the records of all listed runs, oldest first.
 
     A record that is not what a run writes (truncated, hand-edited, hostile)
@@ -34,12 +35,15 @@ def list_runs(root: Path | None = None, *, clean: bool = True) -> list[dict[str,
 
     Args:
         root: The registry folder. Defaults to `registry_root()`.
-        clean: Remove the folders of runs whose process is gone.
+        clean: Remove the folders of runs whose process is gone (their
+            last records go to the history).
+        ended: Also the history's ended runs (`tombstones`: the last 50, at
+            most 7 days old), with ``live: False`` and their ``end_reason``.
 
     Returns:
         One record (a dict) per run, with ``live`` (False once the run's
-        process is gone, only seen with ``clean=False``) and ``folder`` (the
-        run's folder, as found here) added.
+        process is gone, or for a run of the history) added, and, for a run
+        of a live folder, ``folder`` (as found here).
     """
     root = Path(root) if root else registry_root()
     try:
@@ -56,6 +60,12 @@ def list_runs(root: Path | None = None, *, clean: bool = True) -> list[dict[str,
         record = _read_run(root / name, clean=clean)
         if record is not None:
             records.append(record)
+    if ended:
+        history, problems = ended_runs(root)
+        for path, problem in problems:
+            _report_once(path, f"Skipping the malformed record of an ended run {path}: {problem}")
+        listed = {record.get("run_id") for record in records}
+        records.extend(record for record in history if record.get("run_id") not in listed)
     return sorted(records, key=lambda record: record.get("started") or 0)
 
 
@@ -101,7 +111,10 @@ def find_run(name: str, root: Path | None = None) -> dict[str, Any]:
     record = _read_run(root / name, clean=False)
     if record is None:
         known = ", ".join(record["name"] for record in list_runs(root)) or "none"
-        raise RunNotFoundError(f"No run named {name!r}. Runs listed: {shorten(known, 80)}.")
+        ended = read_tombstone(name, root)
+        last = (f" The last run named {name!r} has ended (state {ended['state']}, end reason "
+                f"{ended.get('end_reason')}); it takes no more commands." if ended else "")
+        raise RunNotFoundError(f"No run named {name!r}. Runs listed: {shorten(known, 80)}.{last}")
     if not record["live"]:
         remove_if_dead(root / name)  # its FIFO goes too: `echo stop >` never waits on a dead run
     return record

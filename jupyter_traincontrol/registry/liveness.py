@@ -18,7 +18,7 @@ from pathlib import Path
 from ..system.flock import LOCKS_FOLDER, same_file, try_lock
 from ..system.private_fs import check_private
 from .paths import CLAIM_PREFIX
-from .tombstones import remove_old_tombstones
+from .tombstones import keep_tombstone, remove_old_tombstones
 
 __all__ = ["LOCK_NAME", "folder_is_live", "move_away", "remove_if_dead", "remove_dead_locks", "sweep_dead_runs"]
 
@@ -56,9 +56,10 @@ def move_away(folder: Path) -> None:
 
 
 def remove_if_dead(folder: Path) -> bool:
-    """Removes the folder of a dead run, holding its lock meanwhile. Returns
-    True if removed. A folder without a lock file is not a run's (claims
-    are atomic), so it goes too."""
+    """Removes the folder of a dead run, holding its lock meanwhile, and
+    keeps its last record in the history (`tombstones`). Returns True if
+    removed. A folder without a lock file is not a run's (claims are
+    atomic), so it goes too."""
     fd = _open_lock(folder)
     if fd is None:
         move_away(folder)
@@ -66,6 +67,7 @@ def remove_if_dead(folder: Path) -> bool:
     try:
         if not try_lock(fd, fcntl.LOCK_EX):
             return False
+        keep_tombstone(folder)
         move_away(folder)
         return True
     finally:
@@ -94,7 +96,7 @@ def remove_dead_locks(root: Path) -> None:
 
 def sweep_dead_runs(root: Path) -> None:
     """Removes the folders (FIFOs included) and lock files of dead processes,
-    claims their process never finished, and tombstones older than a few minutes."""
+    claims their process never finished, and what the history no longer keeps."""
     remove_dead_locks(root)
     for name in os.listdir(root):
         if name.startswith(CLAIM_PREFIX):

@@ -7,7 +7,7 @@
             lock        held (flock) by the run's process for its lifetime
             run.json    the run's record (written atomically)
             control     its FIFO (while the run listens)
-        .ended/run-0.json                          tombstones: recent last records
+        .ended/run-0.1f0c....json                  the history: last records of ended runs
         .locks/                                    one lock file per live process
 
 Any process of the same user reads the records: the CLI, the Jupyter server,

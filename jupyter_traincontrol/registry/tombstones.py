@@ -1,65 +1,189 @@
-"""Tombstones: the last record of a run whose process let it go, kept a few minutes.
+"""The history of ended runs: the last record of each run whose folder went, kept a week.
 
-A script that applies ``stop`` and exits at once must not look like one that
-died first: a sender waiting for its acknowledgement still finds the run's
-last record here (`read_tombstone`).
+A run's folder goes when its process lets it go (at exit, or when its
+name is taken again) or when its process is found dead. Its last record is
+then kept in ``.ended/`` (a tombstone): its final state, how it ended
+(``end_reason``), its checkpoints, its acknowledgements. So:
+
+- a sender waiting for an acknowledgement still finds it (`read_tombstone`):
+  a script that applies ``stop`` and exits at once must not look like one
+  that died first;
+- ``jupyter-traincontrol list --all``, ``GET runs?all=true`` and the side
+  panel show the user's ended runs after their kernel or server restarted
+  (`ended_runs`).
+
+A record found active whose process is gone (killed, or a kernel ended
+before its run could stop) is kept too, as it was, with ``end_reason``
+``process-gone``. The history is bounded: the newest `HISTORY_RUNS` runs,
+none ended more than `HISTORY_SECONDS` ago; each tombstone's modification
+time is when its run ended.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from ..protocol import FINAL_STATES, end_reason
 from ..protocol.record import validate_record
-from ..system.private_fs import check_private
+from ..system.private_fs import check_private, write_json_atomic
 from .paths import RECORD_NAME, TOMBSTONES_FOLDER, read_record_text, registry_root
 
-__all__ = ["keep_tombstone", "read_tombstone", "remove_old_tombstones", "TOMBSTONE_SECONDS"]
+__all__ = ["keep_tombstone", "read_tombstone", "ended_runs", "remove_old_tombstones", "HISTORY_RUNS",
+           "HISTORY_SECONDS"]
 
-#: How long the last record of a run whose process let it go is kept.
-TOMBSTONE_SECONDS = 300.0
+#: How many ended runs the history keeps at most.
+HISTORY_RUNS = 50
+#: How long an ended run stays in the history.
+HISTORY_SECONDS = 7 * 24 * 3600.0
 
 
-def keep_tombstone(folder: Path) -> None:
-    """Keeps the last record of a run whose process let it go (it ended and
-    its process exits), so that a sender waiting for an acknowledgement
-    still finds it: a script that applies ``stop`` and exits at once must not
-    look like one that died first."""
-    tombstones = folder.parent / TOMBSTONES_FOLDER
+def keep_tombstone(folder: Path, own: dict[str, Any] | None = None) -> None:
+    """Keeps the last record of the run in `folder`, whose folder is about to
+    go, in the history; one that is not valid is not kept. Never raises:
+    without a tombstone, a waiting sender says the run is gone.
+
+    Args:
+        folder: The run's folder.
+        own: The record as this process read it from its own run's folder
+            (`RunFolder.release`): a final one is moved as it is, not
+            read and written again.
+    """
+    if own is not None and own.get("state") in FINAL_STATES and own.get("end_reason") is not None:
+        try:
+            path = _folder(folder.parent, create=True) / _file_name(own)
+            os.replace(folder / RECORD_NAME, path)
+            ended = _number(own.get("ended")) or time.time()
+            os.utime(path, (ended, ended))
+            remove_old_tombstones(folder.parent)
+        except (OSError, KeyError, TypeError):
+            pass
+        return
+    text = read_record_text(folder / RECORD_NAME)
+    record, _problem = validate_record(text, folder.name) if text is not None else (None, "")
+    if record is None:
+        return
+    now = time.time()
+    if record["state"] not in FINAL_STATES:  # its process went without ending it
+        record.update(end_reason="process-gone", commands=[], channel=None, fifo=None, address=None,
+                      ended=_number(record.get("updated")) or now)
+    elif record.get("end_reason") is None:  # written by an earlier version
+        record["end_reason"] = end_reason(record["state"])
+    ended = min(_number(record.get("ended")) or now, now)
     try:
-        os.makedirs(tombstones, mode=0o700, exist_ok=True)
-        check_private(tombstones, os.lstat(tombstones), kind="dir")
-        os.replace(folder / RECORD_NAME, tombstones / f"{folder.name}.json")
-    except OSError:
-        pass  # no tombstone: a waiting sender then says the run is gone
+        tombstones = _folder(folder.parent, create=True)
+        path = tombstones / _file_name(record)
+        write_json_atomic(path, record)
+        os.utime(path, (ended, ended))
+        remove_old_tombstones(folder.parent)
+    except (OSError, ValueError):
+        pass
 
 
 def read_tombstone(name: str, root: Path | None = None) -> dict[str, Any] | None:
-    """The last record of the ended run `name` whose process let it go
-    within the last few minutes, validated; None if there is none."""
+    """The last record of the newest ended run called `name`, validated;
+    None if the history has none. A run whose process went without ending
+    it says ``live: False``."""
     root = Path(root) if root else registry_root()
-    path = root / TOMBSTONES_FOLDER / f"{name}.json"
-    try:
-        text = read_record_text(path)
-    except OSError:
+    newest = None
+    for entry, entry_name in _entries(root):
+        if entry_name == name and (newest is None or _mtime(entry) > _mtime(newest)):
+            newest = entry
+    if newest is None:
         return None
-    if text is None:
-        return None
-    record, _problem = validate_record(text, name)
+    record = _read(newest, name)[0]
+    if record is not None and record.get("end_reason") == "process-gone":
+        record["live"] = False
     return record
 
 
+def ended_runs(root: Path | None = None) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
+    """The records of the history, oldest first, each with ``live: False``.
+
+    Returns:
+        The records, and ``(path, why)`` for each tombstone that is not a
+        valid record (skipped).
+    """
+    root = Path(root) if root else registry_root()
+    records, problems = [], []
+    horizon = time.time() - HISTORY_SECONDS
+    for entry, name in _entries(root):
+        if _mtime(entry) < horizon:
+            continue
+        record, problem = _read(entry, name)
+        if record is None:
+            problems.append((Path(entry.path), problem))
+            continue
+        record["live"] = False
+        records.append(record)
+    return sorted(records, key=lambda record: record.get("started") or 0), problems
+
+
 def remove_old_tombstones(root: Path) -> None:
-    folder = root / TOMBSTONES_FOLDER
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        try:
-            if time.time() - entry.stat(follow_symlinks=False).st_mtime > TOMBSTONE_SECONDS:
+    """Bounds the history: removes tombstones beyond the newest `HISTORY_RUNS`
+    and those of runs ended more than `HISTORY_SECONDS` ago."""
+    entries = sorted(((entry, _mtime(entry)) for entry, _name in _entries(root)), key=lambda item: -item[1])
+    horizon = time.time() - HISTORY_SECONDS
+    for index, (entry, mtime) in enumerate(entries):
+        if index >= HISTORY_RUNS or mtime < horizon:
+            try:
                 os.unlink(entry.path)
+            except OSError:
+                continue
+
+
+def _file_name(record: dict[str, Any]) -> str:
+    """``NAME.DIGEST.json``: one file per run instance (the digest of its run id)."""
+    digest = hashlib.sha256(record["run_id"].encode("utf-8", "replace")).hexdigest()[:16]
+    return f"{record['name']}.{digest}.json"
+
+
+def _folder(root: Path, create: bool = False) -> Path:
+    folder = root / TOMBSTONES_FOLDER
+    if create:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    check_private(folder, os.lstat(folder), kind="dir")
+    return folder
+
+
+def _entries(root: Path) -> list[tuple[os.DirEntry, str]]:
+    """The history's files with the run name each is of (regular files only)."""
+    try:
+        entries = list(os.scandir(_folder(root)))
+    except OSError:  # no history yet, or not a private folder of ours
+        return []
+    found = []
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.name.endswith(".json"):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
         except OSError:
             continue
+        found.append((entry, entry.name[: -len(".json")].rpartition(".")[0]))
+    return found
+
+
+def _read(entry: os.DirEntry, name: str) -> tuple[dict[str, Any] | None, str]:
+    try:
+        text = read_record_text(Path(entry.path))
+    except OSError as error:
+        return None, str(error)
+    if text is None:
+        return None, "gone"
+    return validate_record(text, name)
+
+
+def _mtime(entry: os.DirEntry) -> float:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

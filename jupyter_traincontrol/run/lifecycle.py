@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, CheckpointStore
-from ..protocol import FINAL_STATES, Command, Rejected, Request, RunState, as_state
+from ..protocol import END_REASONS, FINAL_STATES, Command, Rejected, Request, RunState, as_state, end_reason
 from ..registry import NameTakenError, RunFolder, unique_name, validate_name
 from ..transport.channels import open_channel
 from ..transport.receiver import CommandChannel
@@ -108,6 +108,7 @@ class RunLifecycle:
         self._published_version: tuple | None = None
         self._last_publish = 0.0
         self.error: str | None = None
+        self.end_reason: str | None = None
         self.started: float | None = None
         self.ended: float | None = None
 
@@ -146,7 +147,7 @@ class RunLifecycle:
             run=self.name, run_id=self.run_id, private=self._requested_checkpoint_dir is None,
         )
         self.store.list()  # what the folder holds of this name already
-        self.started, self.ended, self.error = time.time(), None, None
+        self.started, self.ended, self.error, self.end_reason = time.time(), None, None, None
         self.states.reset()
         self.journal.clear()
         self.history = RunHistory()
@@ -180,7 +181,7 @@ class RunLifecycle:
                 continue  # another process took it between listing and claiming
         raise NameTakenError("Could not find a free run name; pass name= explicitly.")
 
-    def close(self, final_state: RunState | str, error: str | None = None) -> None:
+    def close(self, final_state: RunState | str, error: str | None = None, end_reason: str | None = None) -> None:
         """Ends the run: records `final_state`, closes the channel and stops
         the publisher thread.
 
@@ -191,6 +192,9 @@ class RunLifecycle:
             final_state: One of ``stopped``, ``aborted``, ``finished``,
                 ``failed``.
             error: For ``failed``: the error text (a traceback) to record.
+            end_reason: How it ended (`protocol.END_REASONS`). Defaults to
+                what `final_state` says (``finished``, ``error``, or
+                ``command`` for a stop or abort).
         """
         final_state = as_state(final_state)
         if final_state not in FINAL_STATES:
@@ -198,10 +202,13 @@ class RunLifecycle:
                 f"Unknown final state {str(final_state)!r}. "
                 f"Expected one of: {', '.join(sorted(str(s) for s in FINAL_STATES))}."
             )
+        if end_reason is not None and end_reason not in END_REASONS:
+            raise ValueError(f"Unknown end reason {end_reason!r}. Expected one of: {', '.join(END_REASONS)}.")
         with self._lock:
             if not self.is_open:
                 return
             self.error = error
+            self.end_reason = end_reason or _default_end_reason(final_state)
             self.ended = time.time()
             channel, self.channel = self.channel, None
             self.unfollow()
@@ -302,6 +309,7 @@ class RunLifecycle:
             checkpoint_dir=str(store.directory) if store is not None else None,
             checkpoints=self.checkpoints(), run_id=self.run_id or "", progress=self.progress,
             history=self.history, journal=self.journal, error=self.error, started=self.started, ended=self.ended,
+            end_reason=self.end_reason if self.state in FINAL_STATES else None,
             extras=self._record_fields,
         )
 
@@ -374,3 +382,7 @@ class RunLifecycle:
             channel.inject(request)
             self.journal.log("warning", f"Delivered {request} directly: {error}")
         return request
+
+
+def _default_end_reason(state: RunState) -> str:
+    return end_reason(str(state)) or "command"

@@ -23,9 +23,32 @@ import _thread
 import signal
 from typing import Callable
 
-from .signals import ChainedHandler
+from .signals import ChainedHandler, write_stderr
 
-__all__ = ["SigintGuard"]
+__all__ = ["SigintGuard", "graceful_stop"]
+
+
+def graceful_stop(note_interrupt: Callable[[], None], send_stop: Callable[[], object], unit: str) -> Callable[[], None]:
+    """The first Ctrl+C of a training, as `SigintGuard`'s ``on_first``: marks
+    the next stop as an interrupt's, asks for it, and says so on stderr
+    (written directly: ``sys.stdout`` is not reentrant in a signal handler).
+
+    Args:
+        note_interrupt: Marks the next stop's checkpoint reason ``interrupt``.
+        send_stop: Sends the run ``stop`` (an error means the run has ended: nothing to stop).
+        unit: What the stop comes after (``batch``, ``item``), for the message.
+    """
+
+    def on_first() -> None:
+        note_interrupt()
+        try:
+            send_stop()
+        except Exception:  # the run ended meanwhile: nothing to stop
+            pass
+        write_stderr(f"\n[traincontrol] Ctrl+C: stopping after this {unit}, with a checkpoint. "
+                     "Press Ctrl+C again to interrupt at once.\n")
+
+    return on_first
 
 
 class SigintGuard(ChainedHandler):

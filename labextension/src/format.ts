@@ -135,13 +135,13 @@ export function ago(seconds: number): string {
 
 /**
  * How an ended run ended, in words (from its `end_reason`, else its state):
- * `Stopped by a kernel interrupt`, `Finished: fit ran to its end`.
+ * `Stopped by a kernel interrupt`, `Finished: training ran to its end`.
  */
 export function outcomeText(run: IRun): string {
   const state = run.state.charAt(0).toUpperCase() + run.state.slice(1);
   switch (run.end_reason) {
     case 'finished':
-      return 'Finished: fit ran to its end';
+      return 'Finished: training ran to its end';
     case 'command':
       return `${state} by a command`;
     case 'interrupt':
@@ -160,7 +160,7 @@ export function outcomeText(run: IRun): string {
   }
   switch (run.state) {
     case 'finished':
-      return 'Finished: fit ran to its end';
+      return 'Finished: training ran to its end';
     case 'failed':
       return 'Failed: the training raised an error';
   }

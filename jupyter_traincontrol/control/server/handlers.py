@@ -6,11 +6,14 @@ Routes, under ``<base_url>/traincontrol/api/``:
   ``jupyter-traincontrol list --json`` prints, plus ``kernel_id`` (the kernel
   the run lives in, or null), ``kernel_on_this_server`` and
   ``notebook_path`` (the session path of that kernel on this server, or
-  null).
+  null). ``GET runs?all=true``: also the ended runs of the history, as
+  ``list --all --json`` prints them (``live: false``, ``end_reason``).
 - ``GET commands``: ``{"commands": [{"name", "help"}], "allowed": {state:
   [command, ...]}}``, the one help table of the vocabulary and which
   commands make sense in which state.
-- ``POST runs/<name>/commands`` with ``{"command": "stop"}``: 202 once the
+- ``POST runs/<name>/commands`` with ``{"command": "stop"}`` (and, from
+  the notebook panel's buttons, ``"sender": "notebook-panel"``: the run's
+  log then says who sent it; the default is ``side-panel``): 202 once the
   command is in the run's FIFO; 400 for a bad body or an unknown command,
   404 for an unknown run, 409 for a run that no longer listens, 503 if the
   channel could not take it. Errors are JSON with a ``message``.
@@ -42,6 +45,9 @@ __all__ = ["RunsHandler", "CommandsHandler", "VocabularyHandler", "EXECUTOR_SETT
 #: The key of the extension's thread pool in the Tornado settings.
 EXECUTOR_SETTING = "traincontrol_executor"
 _MAX_BODY_BYTES = 4096
+#: The ``sender`` of a POST body, and the word its request id starts with.
+SENDERS = {"side-panel": "rest", "notebook-panel": "nbpanel"}
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 _T = TypeVar("_T")
 
@@ -73,8 +79,11 @@ class RunsHandler(_TrainControlHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
+        shown = self.get_argument("all", "false").strip().lower()
+        if shown not in _TRUE + _FALSE:
+            raise tornado.web.HTTPError(400, f"Got all={shown[:40]!r}; expected all=true or all=false.")
         try:
-            records = await self._run_blocking(public_records)
+            records = await self._run_blocking(public_records, shown in _TRUE)
         except OSError as error:  # an unsafe registry folder (UnsafePathError), an I/O error
             raise tornado.web.HTTPError(500, f"Cannot read the registry of runs: {error}") from error
         kernel_ids = set(self.kernel_manager.list_kernel_ids())
@@ -120,11 +129,11 @@ class CommandsHandler(_TrainControlHandler):
     @authorized
     async def post(self, name: str) -> None:
         try:
-            command = command_from_body(self.request.body)
+            command, sender = command_from_body(self.request.body, with_sender=True)
         except BadBodyError as error:
             raise tornado.web.HTTPError(400, str(error)) from None
         try:
-            sent = await self._run_blocking(send, name, command, "rest")
+            sent = await self._run_blocking(send, name, command, SENDERS[sender])
         except UnknownCommandError as error:
             raise tornado.web.HTTPError(400, str(error)) from error
         except RunNotFoundError as error:
@@ -144,18 +153,21 @@ class BadBodyError(ValueError):
     """A POST body that is not ``{"command": "..."}``; the message says why."""
 
 
-def command_from_body(raw: bytes) -> str:
-    """The ``command`` of a POST body.
+def command_from_body(raw: bytes, with_sender: bool = False) -> str | tuple[str, str]:
+    """The ``command`` of a POST body (and its ``sender``).
 
     Args:
         raw: The request body, as received.
+        with_sender: Also return the body's ``sender`` (one of `SENDERS`;
+            ``side-panel`` if it has none).
 
     Returns:
-        The command text (not yet parsed).
+        The command text (not yet parsed), or ``(command, sender)``.
 
     Raises:
         BadBodyError: For anything but a JSON object with a text
-            ``command`` (never another exception, whatever the bytes).
+            ``command`` and, if any, a known ``sender`` (never another
+            exception, whatever the bytes).
     """
     expected = f'Expected a JSON object like {{"command": "stop"}} with a command among: {", ".join(COMMAND_NAMES)}.'
     if len(raw) > _MAX_BODY_BYTES:
@@ -170,7 +182,10 @@ def command_from_body(raw: bytes) -> str:
     command = body["command"]
     if not isinstance(command, str):
         raise BadBodyError(f"Got command {_short_json(command)}, not a string. {expected}")
-    return command
+    sender = body.get("sender", "side-panel")
+    if not isinstance(sender, str) or sender not in SENDERS:
+        raise BadBodyError(f"Got sender {_short_json(sender)}; expected one of: {', '.join(SENDERS)}, or none.")
+    return (command, sender) if with_sender else command
 
 
 def _short_json(value: Any) -> str:

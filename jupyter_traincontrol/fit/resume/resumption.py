@@ -4,7 +4,10 @@
 (weights and optimizer state), makes `fit` start at the checkpoint's epoch,
 and, for a checkpoint taken in the middle of an epoch, skips the batches
 already trained (`batch_skipper.BatchSkipper`). What it changes in the
-model is undone by `Resumption.undo` when `fit` ends.
+model is undone by `Resumption.undo` when `fit` ends. With no checkpoint
+of its own name, it says so, naming the other runs whose checkpoints the
+folder holds and how to resume from one; `resume_from_source` does that
+(``resume_from=``: another run's newest checkpoint that loads, or a file).
 
 Before that, the resume rebuilds the epoch's data order: the data's own
 state is replayed (`data_order.DataOrder`: iterators of a `tf.data`
@@ -19,13 +22,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...checkpoint import CheckpointStore, SkippedCheckpoint
+from ...checkpoint import Checkpoint, CheckpointError, CheckpointStore, SkippedCheckpoint
 from ...state import KerasState, optimizer_step
 from ...state import random_state
 from .batch_skipper import BatchSkipper, can_skip_batches
 from .data_order import DataOrder
+from .sources import ResumeSource, ResumeSourceError, describe_others
 
-__all__ = ["Resumption", "resume_from_latest"]
+__all__ = ["Resumption", "resume_from_latest", "resume_from_source"]
 
 
 class Resumption:
@@ -41,6 +45,8 @@ class Resumption:
             uninterrupted run because a data source's position cannot be
             restored (a Python generator, an unseeded shuffle); empty if
             none.
+        others: The other runs whose checkpoints the folder holds, when
+            none of this run's was found (the message names them).
     """
 
     def __init__(self, model, *, epoch: int = 0, message: str, resumed: bool):
@@ -48,6 +54,7 @@ class Resumption:
         self.epoch = epoch
         self.message = message
         self.resumed = resumed
+        self.others: list[str] = []
         self.checkpoint = None
         self.differences: list[str] = []
         self._saved_initial_epoch: tuple[Any] | None = None
@@ -98,7 +105,52 @@ def resume_from_latest(
     latest = restored.checkpoint
     if latest is None:
         found = f"loads ({len(restored.skipped)} skipped)" if restored.skipped else "yet"
-        return Resumption(model, message=f"No checkpoint in {store.directory} {found}: starting from scratch.", resumed=False)
+        nothing = Resumption(model, message=f"No checkpoint in {store.directory} {found}: starting from scratch.",
+                             resumed=False)
+        others = store.scan()
+        nothing.others = sorted({checkpoint.run for checkpoint in others.checkpoints} - {store.run})
+        if nothing.others:
+            example = nothing.others[-1]
+            nothing.message = (
+                f"No checkpoint of run {store.run!r} in {store.directory} {found}: starting from scratch. The folder "
+                f"holds {describe_others(others, but=store.run)}; to continue from one, resume from it: "
+                f"ControlCallback(resume_from={example!r}) or %%interruptible_fit --resume-from {example}."
+            )
+        return nothing
+    return _continue_at(model, latest, store.directory.name, data_order, on_skipped)
+
+
+def resume_from_source(
+    model, source: ResumeSource, on_skip: Callable[[SkippedCheckpoint], None] | None = None,
+    data_order: DataOrder | None = None, on_skipped: Callable[[], None] | None = None,
+) -> Resumption:
+    """Loads the newest checkpoint of `source` (another run's, or one file)
+    that loads into `model`, and positions `fit` there, as
+    `resume_from_latest` does.
+
+    Raises:
+        ResumeSourceError: If none of them loads; the message says why.
+    """
+    load = KerasState(model).restore
+    tried = []
+    for checkpoint in reversed(source.checkpoints):
+        try:
+            load(checkpoint)
+        except CheckpointError as error:
+            tried.append(f"{checkpoint.path.name}: {error}")
+            if on_skip is not None:
+                on_skip(SkippedCheckpoint(checkpoint.path, str(error)))
+            continue
+        resumption = _continue_at(model, checkpoint, source.directory.name, data_order, on_skipped)
+        resumption.message = resumption.message.replace("Resumed from ", f"Resumed from run {source.run!r}'s ", 1)
+        return resumption
+    raise ResumeSourceError(f"Cannot resume from run {source.run!r}: none of its checkpoints in {source.directory} "
+                            f"loads ({'; '.join(tried)}).")
+
+
+def _continue_at(model, latest: Checkpoint, folder_name: str, data_order: DataOrder | None,
+                 on_skipped: Callable[[], None] | None = None) -> Resumption:
+    """Positions `fit` at loaded checkpoint `latest`: its epoch, its batch, its random state and data order."""
     position = latest.position
     resumption = Resumption(model, epoch=position.resume_epoch, message="", resumed=True)
     resumption.checkpoint = latest
@@ -131,7 +183,7 @@ def resume_from_latest(
         + (f". Not exact: {'; '.join(inexact)}." if inexact else "; random state and data order restored.")
     )
     if data_order is not None:
-        resumption.differences = [f"Resume of {store.directory.name!r} is not exact: {limit}."
+        resumption.differences = [f"Resume of {folder_name!r} is not exact: {limit}."
                                   for limit in data_order.limitations()]
     return resumption
 
