@@ -120,11 +120,6 @@ def test_the_notebook_panel_asks_before_abort_shows_how_a_run_finished_and_keeps
     screenshot(page, f"{app}-1400-after-restart")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the history of ended runs (GET runs?all=true with end_reason) and save_at_end, from the "
-    "Python side of issue 20; remove this mark once they are merged",
-)
 def test_ended_runs_stay_listed_with_how_they_ended_across_kernel_and_server_restarts(jupyter, page, tmp_path):
     server = start_training_notebook(jupyter, page, tmp_path, cells=CELLS)
     cell(page, 1).locator(".traincontrol-outcome").wait_for(timeout=60_000)

@@ -19,12 +19,6 @@ pytestmark = pytest.mark.timeout(300)
 
 #: What "no longer than a screen" means for a cell's text output.
 SCREEN_LINES, SCREEN_CHARACTERS = 25, 2500
-#: Until the Python side of issue 20 lands, a fit that runs to its end writes no checkpoint.
-NEEDS_SAVE_AT_END = pytest.mark.xfail(
-    strict=True,
-    reason="needs save_at_end: a fit that runs to its end writes a last checkpoint (reason 'end'), "
-    "from the Python side of issue 20; remove this mark once it is merged",
-)
 
 
 def run_notebook(name, tmp_path, runtime_dir, follow_tags=True, interrupt_in=None):
@@ -71,7 +65,6 @@ def test_quickstart_run_all_then_interrupt_while_a_later_cell_waits(tmp_path, ru
     assert "finished at 40" in resumed and "optimizer step now: 1040" in resumed
 
 
-@NEEDS_SAVE_AT_END
 def test_quickstart_top_to_bottom_with_nobody_pressing_interrupt(tmp_path, runtime_dir):
     cells = run_notebook("quickstart.ipynb", tmp_path, runtime_dir, follow_tags=False)
     ended = output_of(cells, "run.wait()")
@@ -105,7 +98,6 @@ def test_resume_after_restart(tmp_path, runtime_dir):
     assert "-> 960" in resumed  # 30 epochs of 32 batches, exactly
 
 
-@NEEDS_SAVE_AT_END
 def test_resume_after_restart_top_to_bottom_without_a_restart(tmp_path, runtime_dir):
     cells = run_notebook("resume_after_restart.ipynb", tmp_path, runtime_dir, follow_tags=False)
     assert "(reason: end)" in output_of(cells, "checkpoint taken before the restart")
