@@ -424,7 +424,9 @@ WRAPPED = "'fit_hook' in sys.modules['tf_keras'].Model.fit.__code__.co_filename"
 
 
 def test_interruptible_fit_controls_a_keras2_fit_in_a_real_kernel(kernel):
-    kernel.execute("import sys")
+    # tf_keras warns through TensorFlow's logger that the slow callback's hook outlasts a batch; that
+    # logger's handler holds the kernel's stdout and writes into whatever cell runs (`kernel.value`'s).
+    kernel.execute("import logging, sys; logging.getLogger('tensorflow').setLevel(logging.ERROR)")
     # 1. Keras 2 imported by the cell (TensorFlow imported it already with TF_USE_LEGACY_KERAS=1);
     # the panel's Stop button, clicked as a browser does.
     legacy = os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True")
