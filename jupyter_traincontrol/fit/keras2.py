@@ -32,7 +32,7 @@ Example:
 
 >>> import tf_keras                                                    # doctest: +SKIP
 >>> model.fit(x, y, epochs=5, callbacks=[ControlCallback(name="k2")])  # doctest: +SKIP
-[traincontrol] Keras 2 (tf_keras): checkpoints are written on the training thread ...
+[traincontrol] Keras 2 (tf_keras) cannot save in the background or restore the data order and random state: ...
 """
 
 from __future__ import annotations
