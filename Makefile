@@ -41,15 +41,20 @@ lab: $(STAMP)
 ## suite on TensorFlow, then the core tests (callback,
 ## commands, resume, checkpoints, the script driven by the CLI, Ctrl+C, the
 ## fault cases with a fit) and the notebook's main scenarios (a real kernel)
-## again on JAX and on torch (what CI runs)
+## again on JAX and on torch, and the Keras 2 tests (tf_keras: its fit, a
+## script, a kernel) once, with TF_USE_LEGACY_KERAS=1 as Keras 2 users run
+## it (what CI runs)
 BACKEND_TESTS ?= tests/test_callback.py tests/test_cli.py tests/test_checkpoint.py tests/test_faults.py \
                  tests/test_steering.py tests/test_background_saves.py tests/test_exact_resume.py \
                  tests/test_backends.py tests/test_notebook_backends.py
+KERAS2_TESTS ?= tests/test_keras2.py
 test: $(STAMP) wheel
 	$(BIN)/lint-imports --no-cache
-	JUPYTER_TRAINCONTROL_WHEEL="$$(ls $(abspath $(WHEEL_DIR))/jupyter_traincontrol-*.whl)" $(BIN)/python -m pytest -q
+	JUPYTER_TRAINCONTROL_WHEEL="$$(ls $(abspath $(WHEEL_DIR))/jupyter_traincontrol-*.whl)" $(BIN)/python -m pytest -q \
+	    $(addprefix --ignore=,$(KERAS2_TESTS))
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q $(BACKEND_TESTS)
 	KERAS_BACKEND=torch $(BIN)/python -m pytest -q $(BACKEND_TESTS)
+	TF_USE_LEGACY_KERAS=1 $(BIN)/python -m pytest -q $(KERAS2_TESTS)
 
 ## wheel: the wheel users install (`python -m build --wheel`: builds the
 ## JupyterLab extension with npm if its sources changed); tests/test_install.py

@@ -142,9 +142,7 @@ class Tunables:
         return names + sorted(self.user)
 
     def _lr_is_variable(self) -> bool:
-        import keras
-
-        return isinstance(getattr(self.optimizer, "_learning_rate", None), keras.Variable)
+        return _is_variable(getattr(self.optimizer, "_learning_rate", None))
 
     def read(self, names: list[str] | None = None) -> dict[str, float | None]:
         """The current values (None: a hyperparameter that is off, like ``clipnorm``)."""
@@ -212,8 +210,9 @@ class Tunables:
             return "expected a number of at least 0"
         if name == "momentum" and not 0 <= value <= 1:
             return "expected a number from 0 to 1"
-        if name == "momentum" and value != 0 and not getattr(self.optimizer, "momentum", 0) and self.optimizer.built:
-            # SGD and RMSprop make their momentum slots only when built with one.
+        if name == "momentum" and value != 0 and not getattr(self.optimizer, "momentum", 0) \
+                and getattr(self.optimizer, "built", False):
+            # SGD and RMSprop make their momentum slots only when built with one (Keras 3; Keras 2's always do).
             return (f"{type(self.optimizer).__name__} was built without momentum, so it has no momentum state; "
                     "compile it with a momentum above 0 to steer it")
         if name in ("beta_1", "beta_2") and not 0 <= value < 1:
@@ -263,7 +262,7 @@ class Tunables:
             import keras
 
             current = optimizer._learning_rate
-            if isinstance(current, keras.Variable):
+            if _is_variable(current):
                 current.assign(value)
                 # An untracked constant (see `_replace_schedule`) is not part
                 # of JAX's traced state: JAX needs a retrace to see it.
@@ -281,8 +280,18 @@ class Tunables:
         # Not tracked by the optimizer (Keras's __setattr__ would track it):
         # its variables, and so its checkpoints, stay those of the optimizer
         # the user built (see `as_built`).
-        constant = keras.Variable(value, name="learning_rate", dtype=keras.backend.floatx(), trainable=False)
+        if type(optimizer).__module__.startswith("tf_keras."):  # Keras 2: its step reads a TensorFlow variable
+            import tensorflow as tf
+
+            constant = tf.Variable(value, name="learning_rate", dtype=self._schedule_dtype(), trainable=False)
+        else:
+            constant = keras.Variable(value, name="learning_rate", dtype=keras.backend.floatx(), trainable=False)
         object.__setattr__(optimizer, "_learning_rate", constant)
+
+    def _schedule_dtype(self):
+        """The dtype of a Keras 2 optimizer's current learning rate (its schedule's)."""
+        current = getattr(self.optimizer, "_current_learning_rate", None)
+        return getattr(current, "dtype", None) or "float32"
 
     @contextlib.contextmanager
     def as_built(self) -> Iterator[None]:
@@ -301,6 +310,12 @@ class Tunables:
             yield
         finally:
             object.__setattr__(optimizer, "_learning_rate", constant)
+
+
+def _is_variable(value: Any) -> bool:
+    """True for a variable a traced step reads (a Keras one, or Keras 2's
+    TensorFlow variable); False for a schedule or any other callable."""
+    return value is not None and callable(getattr(value, "assign", None)) and not callable(value)
 
 
 def _number(value: Any) -> float:

@@ -5,4 +5,6 @@
   and closed once, by one `ExitStack`.
 - `watchdog`: notices a `fit` that raised (Keras then skips ``on_train_end``).
 - `resume/`: exact resume (the batches already trained, random state, data order).
+- `keras2`: what a Keras 2 (``tf_keras``) `fit` needs of the callback, its
+  resume, and the one line saying what it cannot do.
 """

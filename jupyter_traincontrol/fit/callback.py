@@ -31,21 +31,23 @@ from ..boundary.tunables import check_user_tunables
 from ..job import Job, current_job
 from ..protocol import Command, Request, RunState
 from ..run import RunLifecycle
+from .keras2 import Keras2Hooks
 from .resume.sources import check_resume_from
 from .session import FitSession
 
 __all__ = ["ControlCallback"]
 
 
-class ControlCallback(keras.callbacks.Callback):
+class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
     """Lets a running `fit` be stopped, checkpointed, aborted or paused.
 
     At train begin the callback lists the run in the registry and opens its
     command channel (a FIFO); at each batch boundary it applies waiting
     commands (see `protocol.COMMAND_HELP`); at train end a `fit` that ran
     to its end writes a last checkpoint (``save_at_end``), then the run
-    records its final state and how it ended, and closes its channel. An instance can be reused for
-    several `fit` calls.
+    records its final state and how it ended, and closes its channel. An
+    instance can be reused for several `fit` calls. A Keras 2 (``tf_keras``)
+    `fit` takes it too (see `fit.keras2` for what differs).
 
     Args:
         name: The run's name, unique among live runs: 1-64 letters, digits,

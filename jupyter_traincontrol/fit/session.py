@@ -29,13 +29,13 @@ from ..boundary.tunables import Tunables
 from ..checkpoint import SkippedCheckpoint, TrainingPosition
 from ..protocol import Command, RunState, final_state
 from ..run import RunLifecycle
-from ..state import KerasState, random_state
+from ..state import Keras2State, KerasState, is_keras2_model, random_state
 from ..system.sigint import SigintGuard, graceful_stop
-from . import watchdog
+from . import keras2, watchdog
 from .resume.batch_skipper import rebuild_train_function
 from .resume.data_order import DataOrder
 from .resume.resumption import Resumption, resume_from_latest, resume_from_source
-from .resume.sources import find_source
+from .resume.sources import ResumeSourceError, find_source
 from .watchdog import FitWatchdog
 
 if TYPE_CHECKING:
@@ -78,7 +78,8 @@ class FitSession:
         self.progress = TrainingProgress()
         self.progress.epochs = params.get("epochs")
         self.progress.steps = params.get("steps")
-        self.trained = KerasState(model)
+        self.keras2 = is_keras2_model(model)  # a tf_keras model: saved on this thread, resumed without the data order
+        self.trained = Keras2State(model) if self.keras2 else KerasState(model)
         self.actions: CommandActions | None = None
         self.steering: Steering | None = None
         self.nan_policy: NanPolicy | None = None
@@ -110,6 +111,8 @@ class FitSession:
         """
         try:
             self._open_run()
+            if self.keras2:  # what it cannot do, said before anything else of this fit
+                keras2.announce(self.run.journal, self.say)
             self._open_parts()
         except BaseException as error:
             self.close(RunState.FAILED, f"Could not start: {error}")
@@ -140,8 +143,9 @@ class FitSession:
         store = job.store(run.store, model) if job is not None else run.store
         # A job's processes save in step (process 0 writes, the others take part in
         # the collectives of the serialization and wait): on the training thread.
-        saves = SaveScheduler(self.trained, run, progress, self.say, background=callback.save_in_background and job is None,
-                              resume_state=self._resume_state, store=store)
+        saves = SaveScheduler(self.trained, run, progress, self.say,
+                              background=callback.save_in_background and job is None and self.trained.snapshots,
+                              resume_state=None if self.keras2 else self._resume_state, store=store)
         tunables = Tunables(model, callback.tunables, rebuild=lambda: rebuild_train_function(model))
         self.steering = steering = Steering(self.trained, tunables, run, progress, self.say,
                                             history=lambda: getattr(model, "history", None))
@@ -186,7 +190,13 @@ class FitSession:
 
     def _resume(self, store) -> None:
         run, resume_from = self.run, self.callback.resume_from
-        if resume_from is not None:  # another run's checkpoints, or a file: found, or `fit` fails saying what was
+        if self.keras2:
+            if resume_from is not None:
+                raise ResumeSourceError(f"resume_from={str(resume_from)!r}: a Keras 2 (tf_keras) fit resumes only "
+                                        "its own run's checkpoints (resume=True).")
+            self.resumption = keras2.resume_from_latest(self.model, store, on_skip=self._report_skipped,
+                                                        data_order=self.data_order, on_skipped=self._skipped)
+        elif resume_from is not None:  # another run's checkpoints, or a file: found, or `fit` fails saying what was
             self.resumption = resume_from_source(self.model, find_source(resume_from, store.directory),
                                                  on_skip=self._report_skipped, data_order=self.data_order,
                                                  on_skipped=self._skipped)

@@ -3,7 +3,7 @@
 - `extension`: ``%load_ext jupyter_traincontrol``: the ``%%interruptible_fit``
   magic and the kernel hooks, installed and removed as one unit.
 - `run`: a `TrainingRun`, the cell's code on a background thread under control.
-- `fit_hook`: adds the run's callback to every ``fit`` on that thread.
+- `fit_hook`: adds the run's callback to every ``fit`` on that thread (Keras 3's and ``tf_keras``'s).
 - `output`: what that thread prints goes to the run, not to the current cell.
 - `panel`: the ipywidgets panel; `chart_svg` its loss chart; `panel_text` its
   words and numbers (written as the JupyterLab side panel writes them).

@@ -7,11 +7,19 @@ on a thread that belongs to a run gets that run's callback added (and, unless
 the user passed ``verbose``, Keras's text progress bar is turned off: the
 panel shows progress). Calls from other threads are untouched. The wrapper is
 installed on first use and removed when the last run ends.
+
+Keras 2 (``tf_keras``) has a `fit` of its own, wrapped the same way: at once
+if ``tf_keras`` is imported already, else as soon as the cell imports it (an
+``import tf_keras``, or ``tf.keras`` with ``TF_USE_LEGACY_KERAS=1``), by a
+finder watching for it on ``sys.meta_path`` while runs are active. Nothing
+here imports ``tf_keras`` or TensorFlow.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import sys
 import threading
 from typing import Any, Callable
 
@@ -19,8 +27,8 @@ __all__ = ["FitInterceptor", "intercept_fit"]
 
 _lock = threading.Lock()
 _by_thread: dict[int, "FitInterceptor"] = {}
-_original_fit: Callable | None = None
-_had_own_fit = False
+_wrapped: list[tuple[type, Callable, bool]] = []  # (class, its original fit, whether the class defined fit itself)
+_KERAS2 = "tf_keras"
 
 
 class FitInterceptor:
@@ -34,11 +42,79 @@ class FitInterceptor:
         raise NotImplementedError
 
 
-def _wrapped_fit(model, *args, **kwargs):
-    interceptor = _by_thread.get(threading.get_ident())
-    if interceptor is None:
-        return _original_fit(model, *args, **kwargs)
-    return interceptor.around_fit(_original_fit, model, args, kwargs)
+def _wrapper(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def fit(model, *args, **kwargs):
+        interceptor = _by_thread.get(threading.get_ident())
+        if interceptor is None:
+            return original(model, *args, **kwargs)
+        return interceptor.around_fit(original, model, args, kwargs)
+
+    return fit
+
+
+def _wrap(model_class: type) -> None:
+    """Wraps `model_class.fit` (under `_lock`), once."""
+    if any(cls is model_class for cls, _fit, _own in _wrapped):
+        return
+    original = model_class.fit
+    _wrapped.append((model_class, original, "fit" in vars(model_class)))
+    model_class.fit = _wrapper(original)
+
+
+def _unwrap_all() -> None:
+    """Puts every wrapped `fit` back (under `_lock`), newest first."""
+    while _wrapped:
+        model_class, original, had_own_fit = _wrapped.pop()
+        if had_own_fit:
+            model_class.fit = original
+        else:
+            del model_class.fit  # back to the inherited trainer's fit
+
+
+def _wrap_keras2(module) -> None:
+    """Wraps ``tf_keras.Model.fit`` once ``tf_keras`` is imported, if runs are still active."""
+    model_class = getattr(module, "Model", None)
+    with _lock:
+        if _by_thread and isinstance(model_class, type):
+            _wrap(model_class)
+
+
+class _Keras2Watch(importlib.abc.MetaPathFinder):
+    """On ``sys.meta_path`` while runs are active and ``tf_keras`` is not
+    imported: lets its import run as usual, then wraps its `fit`."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _KERAS2:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _WrappingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    """``tf_keras``'s own loader, then `_wrap_keras2` on the loaded module."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self._loader  # the module keeps its own loader
+        self._loader.exec_module(module)
+        _wrap_keras2(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+_watch = _Keras2Watch()
 
 
 class intercept_fit:
@@ -54,25 +130,22 @@ class intercept_fit:
     def __enter__(self):
         import keras
 
-        global _original_fit, _had_own_fit
         with _lock:
             if not _by_thread:
-                _had_own_fit = "fit" in vars(keras.Model)
-                _original_fit = keras.Model.fit
-                keras.Model.fit = functools.wraps(_original_fit)(_wrapped_fit)
+                _wrap(keras.Model)
+                keras2 = sys.modules.get(_KERAS2)
+                if keras2 is not None and isinstance(getattr(keras2, "Model", None), type):
+                    _wrap(keras2.Model)
+                else:
+                    sys.meta_path.insert(0, _watch)
             _by_thread[threading.get_ident()] = self._interceptor
         return self
 
     def __exit__(self, *exc_info):
-        import keras
-
-        global _original_fit
         with _lock:
             _by_thread.pop(threading.get_ident(), None)
-            if not _by_thread and _original_fit is not None:
-                if _had_own_fit:
-                    keras.Model.fit = _original_fit
-                else:
-                    del keras.Model.fit  # back to the inherited trainer's fit
-                _original_fit = None
+            if not _by_thread:
+                if _watch in sys.meta_path:
+                    sys.meta_path.remove(_watch)
+                _unwrap_all()
         return False
