@@ -234,7 +234,7 @@ class ControlPanel:
         pause._dom_classes = ("traincontrol-button", f"traincontrol-command-{'resume' if paused else 'pause'}")
         self._refresh_steering(enabled, progress)
         self.metrics.value = _metrics_html(progress.metrics)
-        self.chart.value = loss_chart_svg(lifecycle.history.epochs, lifecycle.history.loss_curve.points())
+        self.chart.value = loss_chart_svg(**lifecycle.history.chart_series())
         self.note.value = self._note_html(state)
         self.log.value = _log_html(list(lifecycle.journal.events)[-8:])
         self.output.value = self._output_html()

@@ -10,8 +10,8 @@ Every other layer builds on this one; it imports nothing of the package.
 """
 
 from .commands import (COMMAND_HELP, COMMAND_NAMES, MAX_ROLLBACK_DEPTH, TUNABLE_ALIASES, Command, Request,
-                       UnknownCommandError, assignments, parse_command, parse_request, rollback_depth, shorten,
-                       validate_tunable_name)
+                       UnknownCommandError, assignments, is_waited_id, parse_command, parse_request, rollback_depth, shorten,
+                       validate_tunable_name, WAITED_ID_MARK)
 from .framing import MAX_LINE_BYTES, LineDecoder, Rejected
 from .states import (ACTIVE_STATES, FINAL_STATES, TRANSITIONS, InvalidTransitionError, RunState, allowed_commands,
                      as_state, final_state)
@@ -20,5 +20,6 @@ __all__ = [
     "ACTIVE_STATES", "COMMAND_HELP", "COMMAND_NAMES", "Command", "FINAL_STATES", "InvalidTransitionError",
     "LineDecoder", "MAX_LINE_BYTES", "MAX_ROLLBACK_DEPTH", "Rejected", "Request", "RunState", "TRANSITIONS",
     "TUNABLE_ALIASES", "UnknownCommandError", "allowed_commands", "as_state", "assignments", "final_state",
+    "is_waited_id", "WAITED_ID_MARK",
     "parse_command", "parse_request", "rollback_depth", "shorten", "validate_tunable_name",
 ]
