@@ -201,14 +201,17 @@ class SaveScheduler:
         self._buffers.clear()
         with self._lock:
             requests, self._waiting, self.due = self._waiting, [], False
-        if not requests:
-            return
-        if threading.get_ident() == self._owner:
-            self.trained.sync()
-            terms = self._terms()
-            self._answer(requests, *(self._refused("save", terms) or self._write_here(self._position(), "save", terms)))
-        else:
-            self._answer(requests, "failed", "the run ended before this save could be written")
+        try:
+            if not requests:
+                return
+            if threading.get_ident() == self._owner:
+                self.trained.sync()
+                terms = self._terms()
+                self._answer(requests, *(self._refused("save", terms) or self._write_here(self._position(), "save", terms)))
+            else:
+                self._answer(requests, "failed", "the run ended before this save could be written")
+        finally:
+            self._writer.close()  # its thread ends with the training
 
     # Writing -----------------------------------------------------------------
 

@@ -327,6 +327,15 @@ class RunLifecycle:
         self._published_version, self._last_publish = version, now
         return True
 
+    def publish_soon(self) -> None:
+        """Has the publisher thread write the record now (if it changed),
+        off this thread; without a publisher, writes it here."""
+        publisher = self.publisher
+        if publisher is not None and publisher.running:
+            publisher.publish_soon()
+        else:
+            self.publish(force=True)
+
     def add_listener(self, listener: Listener) -> None:
         """Calls `listener(run, event)` on each event, and with None on
         progress (from the publisher thread, at most about twice a second)."""

@@ -27,6 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..checkpoint import Checkpoint, CheckpointError
+from .frozen import copies_in_place
+from .layout import SnapshotLayout
 from .snapshot import ModelSnapshot, SnapshotBuffers
 
 __all__ = ["KerasState", "sync_model_state", "optimizer_step", "restore_weights", "copy_variables",
@@ -36,12 +38,16 @@ __all__ = ["KerasState", "sync_model_state", "optimizer_step", "restore_weights"
 class KerasState:
     """The training state of one Keras model: weights and optimizer variables.
 
+    Keeps the model's save walk (`SnapshotLayout`) from its first snapshot
+    on, for the later ones (one `KerasState` per `fit`).
+
     Args:
         model: The model being trained (with its optimizer, if compiled).
     """
 
     def __init__(self, model):
         self.model = model
+        self._layout: SnapshotLayout | None = None
 
     def sync(self) -> None:
         """Brings the variables up to date (JAX keeps them in the trainer during `fit`)."""
@@ -54,8 +60,16 @@ class KerasState:
         return optimizer_step(self.model)
 
     def snapshot(self, buffers: SnapshotBuffers | None) -> ModelSnapshot:
-        """A host copy of what ``model.save`` writes, into `buffers`' arrays."""
-        return ModelSnapshot.take(self.model, buffers)
+        """What ``model.save`` writes, as of now, kept while training goes
+        on: without a copy on TensorFlow and JAX (`frozen.freeze`), else a
+        host copy into `buffers`' arrays."""
+        return self._taken(ModelSnapshot.take(self.model, buffers if copies_in_place() else None,
+                                              layout=self._layout))
+
+    def _taken(self, snapshot: ModelSnapshot) -> ModelSnapshot:
+        if snapshot.layout is not None and snapshot.layout.reusable:
+            self._layout = snapshot.layout
+        return snapshot
 
     def views(self) -> Any:
         """What the writer writes while the training thread waits: views of
@@ -63,7 +77,7 @@ class KerasState:
         copies ``model.save`` makes), or the model itself if they cannot be
         taken (``model.save`` then says what is wrong)."""
         try:
-            return ModelSnapshot.take(self.model, copy=False)
+            return self._taken(ModelSnapshot.take(self.model, copy=False, layout=self._layout))
         except Exception:  # noqa: BLE001 - model.save then says what is wrong, as before
             return self.model
 
@@ -110,9 +124,13 @@ def optimizer_step(model) -> int | None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return None
-    import keras
+    iterations = optimizer.iterations
+    try:
+        return int(iterations.value)  # 2-34 us; convert_to_numpy takes 14-131 us
+    except (TypeError, ValueError, AttributeError):
+        import keras
 
-    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+        return int(keras.ops.convert_to_numpy(iterations))
 
 
 def restore_weights(model, checkpoint: Checkpoint) -> None:
