@@ -107,7 +107,7 @@ class SaveScheduler:
         self._taken_at: int | None = None  # the boundary of the last checkpoint taken
         self._last_outcome: Outcome | None = None  # and its outcome, once written
         self._say = say
-        self._writer = CheckpointWriter(self.store, run.name or "run")
+        self._writer = CheckpointWriter(self.store, run.name or "run", on_idle=self._writer_idle)
         self._buffers = SnapshotBuffers()  # the host copy, reused from one snapshot to the next
         self._lock = threading.RLock()  # re-entrant: defensive, a signal handler may land while it is held
         self._waiting: list[Request] = []  # saves not yet in a checkpoint being written
@@ -115,6 +115,9 @@ class SaveScheduler:
         self._owner = threading.get_ident()  # the training thread
         self.due = False  # True while saves wait for the writer (checked at every boundary)
         self.last: Checkpoint | None = None
+        #: Called (any thread) when saves that waited can start: the front end
+        #: makes its next boundary one where commands act (`fit.dispatch`).
+        self.wake: Callable[[], None] = lambda: None
 
     # Asked by commands ------------------------------------------------------
 
@@ -245,6 +248,10 @@ class SaveScheduler:
         except CheckpointError as error:
             return self._failed(error)
         return self._committed(checkpoint, position)
+
+    def _writer_idle(self) -> None:
+        if self.due:
+            self.wake()  # saves asked for during the write: the next boundary takes them
 
     def _written(self, checkpoint: Checkpoint | None, error: BaseException | None) -> None:
         """On the writer thread: a background write ended."""

@@ -55,11 +55,14 @@ class CheckpointWriter:
     Args:
         store: The run's store (held by the run while writes go on).
         name: For the thread's name, ``traincontrol-writer-NAME``.
+        on_idle: Called on the writer thread once a write has ended and the
+            writer counts as idle (another may be submitted).
     """
 
-    def __init__(self, store: CheckpointStore, name: str = "run"):
+    def __init__(self, store: CheckpointStore, name: str = "run", on_idle: Callable[[], None] | None = None):
         self.store = store
         self.name = name
+        self._on_idle = on_idle or (lambda: None)
         self._thread: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
@@ -175,6 +178,10 @@ class CheckpointWriter:
             logger.exception("A checkpoint writer callback failed")
         finally:
             self._idle.set()
+        try:
+            self._on_idle()
+        except Exception:
+            logger.exception("A checkpoint writer callback failed")
 
 
 def _lower_priority() -> None:

@@ -29,6 +29,8 @@ from ..protocol import Command, RunState
 from ..run import RunLifecycle
 from ..state import KerasState
 from . import watchdog
+from .boundaries import Boundaries
+from .dispatch import BatchDispatch
 from .resume import random_state
 from .resume.batch_skipper import rebuild_train_function
 from .resume.data_order import DataOrder
@@ -75,6 +77,8 @@ class FitSession:
         self.progress.epochs = params.get("epochs")
         self.progress.steps = params.get("steps")
         self.trained = KerasState(model)
+        self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack
+        self.boundaries: Boundaries | None = None
         self.actions: CommandActions | None = None
         self.steering: Steering | None = None
         self.nan_policy: NanPolicy | None = None
@@ -148,6 +152,10 @@ class FitSession:
             stack.callback(self._leave_job)
             channel = job.channel(channel, progress)
         self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end_fit, self.say, steering)
+        self.boundaries = Boundaries(progress, self.history, self.actions, self.dispatch, self._non_finite,
+                                     gate=channel if job is not None else None)
+        run.channel.on_request = saves.wake = self.dispatch.hold  # a command waits: the next boundary is on this thread
+        stack.callback(self._unwire, saves)
         self.nan_policy = NanPolicy(callback.on_nan, steering, self.actions.stop_without_checkpoint, self.say,
                                     callback.nan_rollbacks)
         self.data_order = DataOrder.find()  # counts what orders the data (exact resume)
@@ -164,6 +172,13 @@ class FitSession:
             guard = SigintGuard(self._on_first_sigint, self._on_second_sigint)
             guard.install()
             stack.callback(guard.retire)
+
+    def _unwire(self, saves) -> None:
+        channel = self.run.channel
+        if channel is not None:
+            channel.on_request = None
+        saves.wake = lambda: None
+        self.dispatch.restore()
 
     def start(self) -> None:
         """After `open`: the run trains (or stops at once, if it was told to)."""
@@ -215,6 +230,8 @@ class FitSession:
         progress = self.progress
         progress.epoch, progress.step, progress.stopped_mid_epoch, progress.epoch_begun = epoch, 0, False, True
         progress.version += 1
+        if self.boundaries is not None:
+            self.boundaries.epoch_began()
         self.random_at_epoch_start = random_state.capture_epoch_start()
         if self.data_order is not None:
             self.data_order.epoch_began()
@@ -232,10 +249,10 @@ class FitSession:
             progress.metrics = dict(logs)
         progress.version += 1
 
-    def non_finite_loss(self, loss, batch: int) -> None:
-        """A batch's loss was NaN or infinite: the NaN policy acts."""
+    def _non_finite(self, loss, epoch: int, batch: int) -> None:
+        """A batch's loss was NaN or infinite: the NaN policy acts (training thread)."""
         if not self._closing:
-            self.nan_policy.on_non_finite(loss, self.progress.epoch, batch)
+            self.nan_policy.on_non_finite(loss, epoch, batch)
 
     # Interrupts --------------------------------------------------------------------
 
