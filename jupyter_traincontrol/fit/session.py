@@ -129,6 +129,7 @@ class FitSession:
         run.follow(self.progress)
         stack.callback(run.unfollow)
         fit_watchdog = FitWatchdog(self.model, self._on_fit_lost)
+        stack.callback(fit_watchdog.stop)
         run.publisher.add_tick_hook(fit_watchdog.check)
         stack.callback(run.publisher.remove_tick_hook, fit_watchdog.check)
         self._watchdog = fit_watchdog
