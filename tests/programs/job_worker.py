@@ -1,7 +1,7 @@
 """One process of a multi-process JAX job under `ControlCallback` (for tests/test_distributed.py).
 
     python job_worker.py PROCESS NUM_PROCESSES PORT NAME CHECKPOINT_DIR LOG [--epochs N] [--batch-sleep S]
-                         [--lost-after S] [--no-preemption-service] [--resume]
+                         [--lost-after S] [--no-preemption-service] [--resume] [--async-hooks]
 
 Appends one JSON line per event to LOG.PROCESS: each command this process
 applied with the batch boundary it applied it at, its final state as its
@@ -32,6 +32,8 @@ parser.add_argument("--lost-after", type=float, default=5.0)
 parser.add_argument("--exit-grace", type=float, default=5.0)
 parser.add_argument("--no-preemption-service", action="store_true", help="SIGTERM handled by our own handler")
 parser.add_argument("--resume", action="store_true")
+parser.add_argument("--async-hooks", action="store_true",
+                    help="every callback async-safe: Keras runs batch-end hooks on its pool, the training thread runs ahead")
 args = parser.parse_args()
 
 import jax  # noqa: E402
@@ -73,6 +75,8 @@ def note(lifecycle, event):
 
 
 class Pace(keras.callbacks.Callback):
+    async_safe = args.async_hooks
+
     def __init__(self):
         super().__init__()
         self.ready = False
