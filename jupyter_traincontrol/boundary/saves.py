@@ -4,13 +4,13 @@
 the background or not, a ``save`` or a ``stop``'s):
 
 - ``save``: at the batch boundary, a snapshot (`state.ModelSnapshot` for a
-  Keras model) copies the model's and optimizer's variables to host memory (the only time training is
-  held); a `CheckpointWriter` thread writes the ``.keras`` file and its
-  sidecar with the store's crash-safe protocol, flushes and prunes. The
-  host arrays of that copy are kept (`SnapshotBuffers`) and reused by the
-  next snapshot, until the end of `fit`: one host copy of the variables
-  from the first ``save`` on, and no fresh memory to map at each save. The
-  request is acknowledged (``applied`` with the file, or ``failed``) when
+  Keras model) takes the model's and optimizer's variables (the only time
+  training is held: on TensorFlow and JAX without a copy, on torch a host
+  copy); a `CheckpointWriter` thread writes the ``.keras`` file and its
+  sidecar with the store's crash-safe protocol, flushes and prunes. A host
+  copy's arrays are kept (`SnapshotBuffers`) and reused by the next
+  snapshot, until the end of `fit`: no fresh memory to map at each save.
+  The request is acknowledged (``applied`` with the file, or ``failed``) when
   the checkpoint is committed, so ``send --wait`` waits for the file.
 - a ``save`` that arrives while a write is in flight waits, and every save
   waiting is merged into the next checkpoint, taken at the first batch

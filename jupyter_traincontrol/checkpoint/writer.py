@@ -15,10 +15,16 @@ before the save) and ``writer-done`` (after ``on_done``).
 At most one write is in flight: `submit` refuses a second (the caller
 merges saves asked for meanwhile into the next one). `wait` blocks until the
 write in flight, if any, is done. The source is released (``release()``,
-if it has one) as soon as its file is written. The thread runs at the
-lowest CPU priority the process may give it (Linux: a thread's own nice
-value), so on a machine whose cores training keeps busy, writing takes
-what they leave.
+if it has one) as soon as its file is written.
+
+While nobody waits for it, the writer paces itself: a source that writes
+in slices calls its ``pace`` between them, and the writer sleeps twice as
+long as the slice took, so it takes about a third of one core and a
+training that keeps every core busy is slowed little while a checkpoint is
+written (the write takes three times as long). Once a thread waits for the
+write (`wait`: a ``stop``, the end of `fit`, a rollback), it goes at full
+speed. (A lower thread priority was tried: under load from other
+processes it starved the writer, and a ``stop`` waited a minute for it.)
 
 Example:
 
@@ -30,8 +36,8 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 import threading
+import time
 from typing import Any, Callable, Mapping
 
 from .records import Checkpoint, CheckpointError, TrainingPosition
@@ -40,6 +46,9 @@ from .store import CheckpointStore
 __all__ = ["CheckpointWriter", "WriterBusyError"]
 
 logger = logging.getLogger("jupyter_traincontrol")
+
+#: Seconds the writer sleeps per second of writing, while nobody waits for it.
+_PACE = 2.0
 
 #: Called on the writer thread with the checkpoint written, or the error.
 OnDone = Callable[[Checkpoint | None, BaseException | None], None]
@@ -69,6 +78,7 @@ class CheckpointWriter:
         self._wake = threading.Event()
         self._job: tuple | None = None
         self._closing = False
+        self._waiters = 0  # threads in `wait`: the write goes at full speed
 
     @property
     def busy(self) -> bool:
@@ -131,8 +141,22 @@ class CheckpointWriter:
         return result["c"]
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Waits until no write is in flight; returns False on timeout."""
-        return self._idle.wait(timeout)
+        """Waits until no write is in flight (which then goes at full
+        speed); returns False on timeout."""
+        if self._idle.is_set():
+            return True
+        self._waiters += 1
+        try:
+            return self._idle.wait(timeout)
+        finally:
+            self._waiters -= 1
+
+    def _pace(self, seconds: float) -> None:
+        """Between two slices of a write that took `seconds`: sleeps twice
+        as long, unless a thread waits for the write."""
+        end = time.monotonic() + _PACE * seconds
+        while not self._waiters and not self._closing and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.005))
 
     def close(self) -> None:
         """Waits for the write in flight, then ends the writer's thread.
@@ -147,7 +171,6 @@ class CheckpointWriter:
             thread.join()
 
     def _serve(self) -> None:
-        _lower_priority()
         while True:
             self._wake.wait()
             self._wake.clear()
@@ -159,6 +182,8 @@ class CheckpointWriter:
 
     def _write(self, source, position, reason, metrics, on_done: OnDone, resume_state=None, tunables=None) -> None:
         checkpoint, failure = None, None
+        if hasattr(source, "pace"):  # a source that writes in slices paces itself with the writer
+            source.pace = self._pace
         try:
             self.store.phase("writer-started")
             checkpoint = self.store.save(source, position, reason=reason, metrics=metrics, resume_state=resume_state,
@@ -182,14 +207,3 @@ class CheckpointWriter:
             self._on_idle()
         except Exception:
             logger.exception("A checkpoint writer callback failed")
-
-
-def _lower_priority() -> None:
-    """Gives this thread the lowest CPU priority it may take (Linux: its own nice value)."""
-    native = getattr(threading, "get_native_id", None)
-    if native is None or not hasattr(os, "setpriority") or not hasattr(os, "PRIO_PROCESS"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, native(), 19)  # on Linux, a thread id: this thread only
-    except OSError:
-        pass

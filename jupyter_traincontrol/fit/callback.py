@@ -67,14 +67,16 @@ class ControlCallback(keras.callbacks.Callback):
         channel_kind: ``"fifo"`` or ``"spool"``. Defaults to ``"fifo"``
             where the platform has FIFOs.
         save_in_background: Hold training only while the variables are
-            copied to host memory, and write ``save`` checkpoints on a
-            writer thread (one at a time; saves asked for meanwhile are
-            merged into the next). Costs one host copy of the model's and
-            optimizer's variables, kept from the first ``save`` to the end
-            of `fit` and reused by each save. False: write on the training
-            thread (no copy). Defaults to True. A job's saves (`job`) are
-            always written on the training thread: every process takes each
-            one at the agreed step, in step with process 0's write.
+            taken (TensorFlow: a copy-on-write read of each; JAX: the
+            trainer's arrays, kept from being donated; torch: a host copy),
+            and write ``save`` checkpoints on a writer thread (one at a
+            time; saves asked for meanwhile are merged into the next). On
+            torch the host copy is kept from the first ``save`` to the end
+            of `fit` and reused by each save; on TensorFlow and JAX no copy
+            is kept between saves. False: write on the training thread (no
+            copy). Defaults to True. A job's saves (`job`) are always
+            written on the training thread: every process takes each one at
+            the agreed step, in step with process 0's write.
         tunables: Names to Keras variables the model reads (a dropout
             rate, a loss weight) that ``set NAME=VALUE`` may change, next to
             the optimizer's hyperparameters. Defaults to none.

@@ -129,6 +129,9 @@ class ModelSnapshot:
         self._arrays = arrays or []  # the reusable host arrays among the values, in order
         self._buffers = buffers
         self.layout = layout
+        #: Called with the seconds each slice of the write took (a writer
+        #: thread sets it to pace itself); None: no pause.
+        self.pace = None
         self.nbytes = sum(nbytes_of(value) for _p, _m, items in entries for _k, value in items)
 
     @classmethod
@@ -189,6 +192,7 @@ class ModelSnapshot:
             archive.writestr(saving_lib._METADATA_FILENAME, self._metadata_json)
             archive.writestr(saving_lib._CONFIG_FILENAME, config)
             store = _WeightsStore(saving_lib._VARS_FNAME_H5, archive=archive, mode="w")
+            store.pace = self.pace
             try:
                 for inner_path, metadata, items in self._entries:
                     store.make(inner_path, metadata=metadata)
@@ -272,7 +276,14 @@ def _make_weights_store():
             dataset = group.create_dataset(key, shape=value.shape, dtype=value.dtype)
             rows = max(1, _SLICE_BYTES // max(1, value.nbytes // value.shape[0]))
             for start in range(0, value.shape[0], rows):
+                begin = time.perf_counter()
                 dataset[start:start + rows] = value[start:start + rows]
+                self._paced(time.perf_counter() - begin)
+
+        def _paced(self, seconds):
+            pace = getattr(self, "pace", None)
+            if pace is not None:
+                pace(seconds)
 
         def close(self):
             if not _LEAN_WRITE:
@@ -286,8 +297,10 @@ def _make_weights_store():
                     info.external_attr = 0o600 << 16  # as ZipFile.writestr
                     info.file_size = len(buffer)
                     with self.archive.open(info, "w") as entry:
-                        for start in range(0, len(buffer), 1 << 24):
-                            entry.write(buffer[start:start + (1 << 24)])
+                        for start in range(0, len(buffer), _SLICE_BYTES):
+                            begin = time.perf_counter()
+                            entry.write(buffer[start:start + _SLICE_BYTES])
+                            self._paced(time.perf_counter() - begin)
                 finally:
                     buffer.release()
             if self.io_file:
