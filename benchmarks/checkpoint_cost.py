@@ -135,6 +135,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
                 return
             _round, name, warming = schedule[self.index]
             self.index += 1
+            self.model  # on JAX, brings the trainer's state into the variables (model.save reads them), untimed
             control.session.actions.saves._writer.wait()  # the previous background write ends first (untimed)
             if written_back:
                 os.sync()
@@ -393,6 +394,7 @@ def run_peers(args, argv) -> int:
         _common.print_summary("checkpoint_cost: " + " | ".join(summaries) + " (goal: held <= 1.00x the peer, "
                               "during write <= 1.1x)")
         return 0
+    os.environ["KERAS_BACKEND"] = args.backend  # before Keras is imported
     import checkpoint_peers
 
     sizes = [1.0] if args.quick else [float(s) for s in (args.sizes or "50,500").split(",")]
