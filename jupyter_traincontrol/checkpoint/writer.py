@@ -49,6 +49,10 @@ logger = logging.getLogger("jupyter_traincontrol")
 
 #: Seconds the writer sleeps per second of writing, while nobody waits for it.
 _PACE = 2.0
+#: Seconds a write waits before it starts, unless waited for: woken at once,
+#: the writer took the interpreter lock from the training thread still in
+#: its batch hook (holding it there 2-6 ms more, in slices of the switch interval).
+_START_DELAY = 0.005
 
 #: Called on the writer thread with the checkpoint written, or the error.
 OnDone = Callable[[Checkpoint | None, BaseException | None], None]
@@ -176,6 +180,8 @@ class CheckpointWriter:
             self._wake.clear()
             job, self._job = self._job, None
             if job is not None:
+                if not self._waiters:  # let the training thread finish its boundary before taking the interpreter
+                    time.sleep(_START_DELAY)
                 self._write(*job)
             elif self._closing:
                 return

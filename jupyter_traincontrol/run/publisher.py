@@ -21,6 +21,9 @@ __all__ = ["Publisher", "PUBLISH_INTERVAL_SECONDS"]
 logger = logging.getLogger("jupyter_traincontrol")
 
 PUBLISH_INTERVAL_SECONDS = 0.5
+#: How long `publish_soon` lets its caller go on before the record is written
+#: (writing it takes the interpreter lock for a millisecond or two).
+_SOON_DELAY = 0.002
 
 
 class Publisher:
@@ -92,5 +95,7 @@ class Publisher:
                         logger.exception("A run tick hook failed")
             elif not soon:
                 continue
+            else:
+                time.sleep(_SOON_DELAY)  # the caller (the training thread) finishes its boundary first
             if self._publish(soon):
                 self._on_published()
