@@ -35,9 +35,16 @@ find the disk) and ``back-to-back`` (saves a batch apart: the worst case).
 Then `CheckpointStore.save` alone is profiled (cProfile) to show what its
 time is made of.
 
+With ``--peers`` it measures instead our background save beside the best
+async checkpointer of each backend (TensorFlow's async ``tf.train.Checkpoint``,
+JAX's Orbax ``CheckpointManager``), each backend in a process of its own:
+the training thread's hold, the steps right after and during the write,
+and the memory kept (`checkpoint_peers`).
+
 Usage::
 
     python benchmarks/checkpoint_cost.py               # 1, 50 and 500 MB, both spacings, 11 rounds
+    python benchmarks/checkpoint_cost.py --peers       # 50 and 500 MB, TensorFlow and JAX beside their peers
     python benchmarks/checkpoint_cost.py --sizes 1,50 --spacing back-to-back
     python benchmarks/checkpoint_cost.py --quick       # 1 MB, written-back, 2 rounds (a smoke run)
 """
@@ -48,6 +55,7 @@ import cProfile
 import math
 import os
 import pstats
+import subprocess
 import sys
 import threading
 import time
@@ -71,7 +79,8 @@ def model_with_file_size(megabytes: float, seed: int = 0):
     return model
 
 
-def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, background: bool = True) -> dict[str, list[float]]:
+def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, background: bool = True,
+                       keep: int = 3) -> dict[str, list[float]]:
     """Alternates plain saves and save commands inside one real `fit`.
 
     Args:
@@ -83,6 +92,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
             within about 30 s: each save then starts the way it does in a
             real run whose checkpoints are minutes apart. Otherwise the saves
             follow each other a batch apart (the worst case).
+        keep: The run's ``keep`` (3; less for files of gigabytes).
 
     Returns:
         Variant name to the measured seconds, one per round, and
@@ -99,7 +109,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
     from jupyter_traincontrol.transport.send import deliver
 
     schedule = _common.rotation(list(VARIANTS), rounds, warmup=1)
-    control = ControlCallback(name="bench-checkpoint", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False,
+    control = ControlCallback(name="bench-checkpoint", checkpoint_dir=folder / "checkpoints", keep=keep, verbose=False,
                               handle_sigint=False, save_in_background=background,
                               save_at_end=False)  # the saves measured are the commands'; no end checkpoint
     checkpoint_events = []
@@ -126,6 +136,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
                 return
             _round, name, warming = schedule[self.index]
             self.index += 1
+            self.model  # on JAX, brings the trainer's state into the variables (model.save reads them), untimed
             control.session.actions.saves._writer.wait()  # the previous background write ends first (untimed)
             if written_back:
                 os.sync()
@@ -362,15 +373,56 @@ SPACINGS = {"written-back": True, "back-to-back": False}
 MEMORY_COLUMNS = ("model.save peak", "first save peak", "later save peak", "kept after write", "host copy")
 
 
+PEER_BACKENDS = ("tensorflow", "jax")
+
+
+def run_peers(args, argv) -> int:
+    """``--peers``: each backend in its own process (``--backend all``), or this one."""
+    if args.backend == "all":
+        argv = [a for i, a in enumerate(argv) if not a.startswith("--backend") and not (i and argv[i - 1] == "--backend")]
+        summaries = []
+        for backend in PEER_BACKENDS:
+            print(f"\n=== backend: {backend} ===", flush=True)
+            child = subprocess.run([sys.executable, __file__, *argv, "--backend", backend], text=True,
+                                   stdout=subprocess.PIPE, env={**os.environ, "KERAS_BACKEND": backend})
+            lines = child.stdout.splitlines()
+            print("\n".join(line for line in lines if not line.startswith(_common.SUMMARY_PREFIX)), flush=True)
+            if child.returncode:
+                print(f"checkpoint_cost.py --peers --backend {backend} failed (exit status {child.returncode}).",
+                      file=sys.stderr)
+                return child.returncode
+            summaries += [line.split(": ", 1)[1] for line in lines if line.startswith(_common.SUMMARY_PREFIX)]
+        _common.print_summary("checkpoint_cost: " + " | ".join(summaries) + " (goal: held <= 1.00x the peer, "
+                              "during write <= 1.1x)")
+        return 0
+    os.environ["KERAS_BACKEND"] = args.backend  # before Keras is imported
+    import checkpoint_peers
+
+    sizes = [1.0] if args.quick else [float(s) for s in (args.sizes or "50,500").split(",")]
+    with _common.scratch_folder(args.dir, "traincontrol-bench-ckpt-") as scratch:
+        summary = checkpoint_peers.report(sizes, model_with_file_size, scratch, args.rounds,
+                                          args.spacing != "back-to-back", args.seed)
+    _common.print_summary(f"checkpoint_cost: {summary}")
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = _common.make_parser(__doc__, rounds=11, quick_rounds=2)
-    parser.add_argument("--sizes", default="1,50,500", help="checkpoint sizes in MB, comma-separated (default 1,50,500)")
+    parser.add_argument("--sizes", default=None, help="checkpoint sizes in MB, comma-separated (default 1,50,500; "
+                                                      "50,500 with --peers)")
+    parser.add_argument("--peers", action="store_true",
+                        help="our background save beside TF's async checkpoint and Orbax, per backend")
+    parser.add_argument("--backend", choices=[*PEER_BACKENDS, "all"], default="all",
+                        help="with --peers: the backend to measure; all: each in its own process (default all)")
     parser.add_argument("--foreground", action="store_true",
                         help="save on the training thread (save_in_background=False), as before background saves")
     parser.add_argument("--spacing", choices=[*SPACINGS, "both"], default="both",
                         help="start each save with everything written back, or save back to back (default both)")
     args = _common.parse_args(parser, argv)
-    sizes = [1.0] if args.quick else [float(s) for s in args.sizes.split(",")]
+    if args.peers:
+        return run_peers(args, argv)
+    sizes = [1.0] if args.quick else [float(s) for s in (args.sizes or "1,50,500").split(",")]
     spacings = ["written-back"] if args.quick else list(SPACINGS) if args.spacing == "both" else [args.spacing]
 
     summary = []

@@ -9,12 +9,13 @@ Starts a JAX job of N processes on 127.0.0.1 (CPU devices, gloo), the way
   hooks on a thread pool and never waits for a step), ``sync`` (an empty
   batch hook: Keras then waits for every step to make its logs Python
   floats, as for any callback with a batch hook that is not
-  ``async_safe``) and ``control`` (`ControlCallback` in the job: its
-  watcher thread, heartbeats, the per-batch check). Each process times
+  ``async_safe``) and ``control`` (`ControlCallback` in the job, async-safe:
+  its watcher thread, heartbeats, the per-batch checks). Each process times
   every epoch after the first; a round's time is its slowest process's
   median per batch; ratios are per round, then their median.
-  ``control / sync`` is what the job's agreement costs; ``sync / plain`` is
-  what any synchronous batch hook costs on JAX;
+  ``control / plain`` is what the control costs a job (goal 1.05x);
+  ``sync / plain`` is what any synchronous batch hook costs on JAX (what
+  the control cost while it was not async-safe);
 - the batch hook alone: inside a real `fit`, every process calls the
   control's ``on_train_batch_end`` 20,000 times in a row (the agreement's
   per-batch part: two checks); its time over a plain batch's is the
@@ -45,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-GOAL_RATIO = 1.02
+GOAL_RATIO = 1.05  # control / plain
 VARIANTS = ["plain", "sync", "control"]
 BATCHES, BATCH_SIZE = 32, 32
 
@@ -77,7 +78,7 @@ def worker(process: int, processes: int, port: int, out: Path, rounds: int, epoc
     data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(BATCH_SIZE)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
-    control = ControlCallback(name="bench-job", checkpoint_dir=str(out / "ck"), verbose=False)
+    control = ControlCallback(save_at_end=False, name="bench-job", checkpoint_dir=str(out / "ck"), verbose=False)
     log = open(out / f"worker-{process}.jsonl", "a", buffering=1)
 
     class BatchTimes(keras.callbacks.Callback):
@@ -181,7 +182,7 @@ def run_job(processes: int, folder: Path, rounds: int, epochs: int, stops: int, 
         raise SystemExit(f"process {failed} of the {processes}-process job failed:\n{errors[failed][-3000:]}")
     events = [[json.loads(line) for line in (out / f"worker-{i}.jsonl").read_text().splitlines()] for i in range(processes)]
     times = {v: [] for v in VARIANTS}
-    ratios, sync_ratios = [], []
+    ratios, sync_ratios, plain_ratios = [], [], []
     for round_ in range(rounds):
         # A job steps together: its per-batch time is its slowest process's.
         per = {v: max(e["seconds"] for log in events for e in log if e["kind"] == "batch" and e["round"] == round_
@@ -190,6 +191,7 @@ def run_job(processes: int, folder: Path, rounds: int, epochs: int, stops: int, 
             times[v].append(per[v])
         ratios.append(per["control"] / per["sync"])
         sync_ratios.append(per["sync"] / per["plain"])
+        plain_ratios.append(per["control"] / per["plain"])
     sent = [e["time"] for e in events[0] if e["kind"] == "sent"]
     returned = [max(e["time"] for log in events for e in log if e["kind"] == "returned" and e["stop"] == stop)
                 for stop in range(stops)]
@@ -197,7 +199,7 @@ def run_job(processes: int, folder: Path, rounds: int, epochs: int, stops: int, 
     if states != {"stopped"} or len(sent) != stops:
         raise SystemExit(f"the {processes}-process job did not stop as asked: states {states}, {len(sent)} of {stops} sent")
     hook = max(e["seconds"] for log in events for e in log if e["kind"] == "hook")
-    return {**times, "ratios": ratios, "sync_ratios": sync_ratios, "hook": hook,
+    return {**times, "ratios": ratios, "sync_ratios": sync_ratios, "plain_ratios": plain_ratios, "hook": hook,
             "latency": [end - start for start, end in zip(sent, returned)]}
 
 
@@ -222,19 +224,21 @@ def main(argv=None) -> int:
     with _common.scratch_folder(args.dir, "traincontrol-bench-") as folder:
         for processes in sizes:
             result = run_job(processes, folder, args.rounds, epochs, stops, args.seed)
-            ratio = _common.median(result["ratios"])
+            ratio = _common.median(result["plain_ratios"])
             latency = _common.median(result["latency"]) * 1000
             sync = _common.median(result["sync"])
             share = result["hook"] / sync  # what the hook adds to a batch, free of the machine's noise
             rows.append((processes, *(_common.median(result[v]) * 1000 for v in VARIANTS),
-                         _common.median(result["sync_ratios"]), ratio, result["hook"] * 1e6, 1 + share,
+                         _common.median(result["sync_ratios"]), _common.median(result["ratios"]), ratio,
+                         result["hook"] * 1e6, 1 + share,
                          latency, max(result["latency"]) * 1000))
-            summary.append(f"{processes} processes {ratio:.3f}x per batch (hook {1 + share:.4f}x), stop in {latency:.0f} ms")
+            summary.append(f"{processes} processes control/plain {ratio:.3f}x per batch (hook {1 + share:.4f}x), "
+                           f"stop in {latency:.0f} ms")
     _common.print_table(
-        ["processes", "plain ms/b", "sync ms/b", "control ms/b", "sync/plain", "control/sync", "hook us",
+        ["processes", "plain ms/b", "sync ms/b", "control ms/b", "sync/plain", "control/sync", "control/plain", "hook us",
          "hook ratio", "stop median ms", "stop max ms"], rows)
-    print(f"goal: control/sync <= {GOAL_RATIO}; {args.rounds} rounds of {epochs} epochs x {BATCHES} batches, {stops} stops")
-    _common.print_summary("distributed: " + "; ".join(summary))
+    print(f"goal: control/plain <= {GOAL_RATIO}; {args.rounds} rounds of {epochs} epochs x {BATCHES} batches, {stops} stops")
+    _common.print_summary("distributed: " + "; ".join(summary) + f" (goal control/plain <= {GOAL_RATIO}x)")
     return 0
 
 

@@ -132,7 +132,7 @@ def run_fit(model, x, y, batch_size, order, rng, spread_s, folder) -> dict[str, 
     from jupyter_traincontrol import ControlCallback
     from jupyter_traincontrol.transport.send import deliver
 
-    control = ControlCallback(name="bench-latency", checkpoint_dir=folder, verbose=False, handle_sigint=False)
+    control = ControlCallback(save_at_end=False, name="bench-latency", checkpoint_dir=folder, verbose=False, handle_sigint=False)
     recorder = EventRecorder()
     control.lifecycle.add_listener(recorder)
     clock = _common.BatchClock()

@@ -33,6 +33,10 @@ noise:
 
 Their sum, over a plain fit's time, is the estimated overhead.
 
+Every `ControlCallback` here has ``save_at_end=False``: what is measured is
+the cost of control, not the checkpoint a finished run writes by default
+(code that calls `fit` in a loop passes ``save_at_end=False`` too).
+
 A fifth variant, ``no-op batch hook`` (a callback whose batch-end hook does
 nothing and is not async-safe), shows what Keras's synchronous dispatch of
 batch-end hooks costs by itself: on JAX and torch, `fit` calls them on a
@@ -68,6 +72,7 @@ import _common  # noqa: E402
 _common.prepare_environment()
 
 GOAL_RATIO = 1.02
+SHORT_FIT_GOAL_MS = 1.0  # opening and closing the run, a fit, with a reused callback
 FEATURES, BATCH_SIZE = 32, 32
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -170,6 +175,26 @@ def fixed_cost(model, x, y, make_callbacks, rounds: int) -> float:
     return _common.median([ours - plain for ours, plain in zip(times["ours"], times["plain"])])
 
 
+def short_fits(model, x, y, make_fresh, reused, rounds: int) -> dict[str, float]:
+    """Median extra seconds of a 2-batch fit: with one `ControlCallback`
+    reused for every fit, and with a new one each time, over plain fits
+    (the three alternating in one process)."""
+
+    def timed(callbacks):
+        def run():
+            chosen = callbacks()
+            begin = time.perf_counter()
+            model.fit(x[:BATCH_SIZE * 2], y[:BATCH_SIZE * 2], batch_size=BATCH_SIZE, epochs=1, verbose=0, callbacks=chosen)
+            return time.perf_counter() - begin
+
+        return run
+
+    times = _common.alternate({"plain": timed(lambda: []), "reused": timed(lambda: [reused]),
+                               "fresh": timed(make_fresh)}, rounds, label="short fits")
+    return {name: _common.median([ours - plain for ours, plain in zip(times[name], times["plain"])])
+            for name in ("reused", "fresh")} | {"plain": _common.median(times["plain"])}
+
+
 def thread_cpu_seconds(native_id: int) -> float:
     """CPU time a thread of this process has used (Linux schedstat, ns precision)."""
     with open(f"/proc/self/task/{native_id}/schedstat") as handle:
@@ -204,7 +229,22 @@ def main(argv=None) -> int:
                         help="widen the MLP until a plain step takes about this long (default 1; 0: 16 units)")
     parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all",
                         help="the Keras backend to measure; all: each in its own subprocess (default all)")
+    parser.add_argument("--short-rounds", type=int, default=41,
+                        help="rounds of the short fits (2 batches; plain, reused and new callback; default 41)")
+    parser.add_argument("--short-fits", action="store_true",
+                        help="measure only what opening and closing a run costs a short fit (one backend: "
+                             "KERAS_BACKEND's, or --backend)")
+    parser.add_argument("--loops", action="store_true",
+                        help="measure TrainLoop in custom training loops (GradientTape, torch) instead: "
+                             "runs loop_overhead.py, passing --quick on")
     args = _common.parse_args(parser, argv)
+    if args.loops:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "loop_overhead.py")
+        return subprocess.call([sys.executable, script, *(["--quick"] if args.quick else [])])
+    if args.short_fits:
+        if args.backend == "all":
+            args.backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+        return measure_short_fits(args)
     if args.backend == "all":
         return measure_all(sys.argv[1:] if argv is None else list(argv))
     return measure(args)
@@ -243,6 +283,34 @@ def measure_all(argv: list[str]) -> int:
     return 0
 
 
+def measure_short_fits(args) -> int:
+    """``--short-fits``: many 2-batch fits, plain, with a reused callback and with a new one each fit."""
+    os.environ["KERAS_BACKEND"] = args.backend
+    import keras
+    import numpy as np
+
+    from jupyter_traincontrol import ControlCallback
+
+    rng = np.random.default_rng(args.seed)
+    x = rng.random((BATCH_SIZE * 2, FEATURES), dtype="float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = _common.dense_model(FEATURES, [16, 16], seed=args.seed)
+    model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0)
+    rounds = 3 if args.quick else args.short_rounds
+    with _common.scratch_folder(args.dir, "traincontrol-bench-overhead-") as scratch:
+        reused = ControlCallback(save_at_end=False, name="bench-reused", checkpoint_dir=scratch / "ck-reused", verbose=False)
+        short = short_fits(model, x, y, lambda: [ControlCallback(save_at_end=False, name="bench-fresh", checkpoint_dir=scratch / "ck",
+                                                                  verbose=False)], reused, rounds)
+    print(f"short fits on {keras.backend.backend()}: {rounds} rounds of 2-batch fits (plain {short['plain'] * 1e3:.1f} ms), "
+          f"alternating plain, a reused ControlCallback and a new one each fit: opening and closing the run costs "
+          f"{short['reused'] * 1e3:.2f} ms (reused) and {short['fresh'] * 1e3:.2f} ms (new), medians of the paired "
+          "differences")
+    _common.print_summary(f"overhead: short fits on {keras.backend.backend()}: {short['reused'] * 1e3:.2f} ms a fit "
+                          f"reused ({short['reused'] * 1e3 / SHORT_FIT_GOAL_MS:.2f}x the goal), {short['fresh'] * 1e3:.2f} ms "
+                          f"new (goal <= {SHORT_FIT_GOAL_MS:g} ms reused)")
+    return 0
+
+
 def measure(args) -> int:
     """Measures the overhead on `args.backend` in this process."""
     os.environ["KERAS_BACKEND"] = args.backend  # before Keras is imported
@@ -269,7 +337,7 @@ def measure(args) -> int:
         os.mkfifo(fifo, 0o600)
         callbacks = {
             "plain": lambda: [],
-            "ControlCallback": lambda: [reader_cpu, ControlCallback(name="bench-overhead", checkpoint_dir=scratch / "ck", verbose=False)],
+            "ControlCallback": lambda: [reader_cpu, ControlCallback(save_at_end=False, name="bench-overhead", checkpoint_dir=scratch / "ck", verbose=False)],
             "naive FIFO": lambda: [naive_fifo_callback(fifo)],
             "BackupAndRestore": lambda: [keras.callbacks.BackupAndRestore(str(scratch / "backup"))],
             "no-op batch hook": lambda: [no_op_batch_hook()],
@@ -297,7 +365,10 @@ def measure(args) -> int:
         reader_seconds = type(reader_cpu).total / (args.rounds + 1)  # per fit, warm-up included
         hooks = hook_cost(model, x, y, {"ControlCallback": callbacks["ControlCallback"]()[1],
                                         "naive FIFO": callbacks["naive FIFO"]()[0]}, 2000 if args.quick else 20000)
-        per_fit = fixed_cost(model, x, y, lambda: callbacks["ControlCallback"]()[1:], 3 if args.quick else 31)
+        short = short_fits(model, x, y, lambda: callbacks["ControlCallback"]()[1:],
+                           ControlCallback(save_at_end=False, name="bench-reused", checkpoint_dir=scratch / "ck-reused", verbose=False),
+                           3 if args.quick else args.short_rounds)
+        per_fit = short["reused"]
 
     batches = epochs * steps
     ratios, cpu_ratios = _common.paired_ratios(times, "plain"), _common.paired_ratios(cpu_times, "plain")
@@ -320,18 +391,23 @@ def measure(args) -> int:
     _common.print_table(["callback", "us/batch", "share"],
                         [[name, cost * 1e6, f"{cost * 1e3 / batch_ms:.2%}"] for name, cost in hooks.items()])
     plain_fit = _common.median(times["plain"])
+    print(f"\nshort fits (2 batches, {_common.median([short['plain']]) * 1e3:.1f} ms plain): opening and closing the run "
+          f"costs {short['reused'] * 1e3:.2f} ms a fit with a reused ControlCallback, {short['fresh'] * 1e3:.2f} ms with a "
+          f"new one each fit (goal <= {SHORT_FIT_GOAL_MS:g} ms)")
     parts = {
         f"batch hook x {batches}": hooks["ControlCallback"] * batches,
-        "open and close the run": per_fit,
+        "open and close the run (reused callback)": per_fit,
         "reader thread CPU": reader_seconds,
     }
     if keras_dispatches_batch_hooks_async():
-        # ControlCallback is not async-safe (see its `async_safe`): with it,
-        # Keras calls the batch-end hooks on the training thread, which then
-        # waits for each step's logs. A no-op hook pays the same; its extra
-        # wall time over plain fits, round by round, is that part.
-        parts["synchronous batch-end hooks"] = _common.median(
-            [no_op - plain for no_op, plain in zip(times["no-op batch hook"], times["plain"])])
+        # ControlCallback is async-safe (see its `async_safe`): Keras calls
+        # its batch-end hooks on its thread pool, as without it. A no-op
+        # hook that is not async-safe makes every hook synchronous: its
+        # extra wall time over plain fits is what that would cost, shown
+        # beside the parts (not one of them).
+        synchronous = _common.median([no_op - plain for no_op, plain in zip(times["no-op batch hook"], times["plain"])])
+        print(f"\n(a synchronous batch-end hook, the no-op one, would cost {synchronous * 1e3:.1f} ms a fit: "
+              f"{synchronous / plain_fit:.2%})")
     estimate = 1 + sum(parts.values()) / plain_fit
     print(f"\nControlCallback, part by part, in a fit of {batches} batches ({plain_fit * 1e3:.0f} ms plain)")
     _common.print_table(["part", "ms per fit", "share"],
@@ -343,10 +419,8 @@ def measure(args) -> int:
           f"(noise: per-round ratios of plain to itself would spread as widely as the ranges above)")
     _common.print_summary(
         f"overhead: ControlCallback {estimate:.3f}x part by part ({hooks['ControlCallback'] * 1e6:.1f} us/batch, "
-        f"{per_fit * 1e3:.1f} ms/fit, reader {reader_seconds * 1e3:.1f} ms/fit"
-        + (f", synchronous batch-end hooks {parts['synchronous batch-end hooks'] * 1e3:.1f} ms/fit"
-           if "synchronous batch-end hooks" in parts else "")
-        + "); whole fits (wall, CPU): "
+        f"{per_fit * 1e3:.2f} ms/fit reused ({short['fresh'] * 1e3:.2f} ms fresh; goal <= {SHORT_FIT_GOAL_MS:g} ms), "
+        f"reader {reader_seconds * 1e3:.1f} ms/fit); whole fits (wall, CPU): "
         + ", ".join(f"{name} {_common.median(ratios[name]):.3f}x {_common.median(cpu_ratios[name]):.3f}x"
                     for name in callbacks if name != "plain")
         + f" (goal <= {GOAL_RATIO}x; {batch_ms:.2f} ms/batch, hidden {width} wide)"

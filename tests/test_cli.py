@@ -12,7 +12,7 @@ import pytest
 
 from helpers import TrainingProcess, child_env, cli, read_sidecar, wait_until
 from jupyter_traincontrol.control.cli import main
-from jupyter_traincontrol.protocol import COMMAND_HELP, Command
+from jupyter_traincontrol.protocol import COMMAND_HELP, Command, parse_request
 from jupyter_traincontrol.run import RunLifecycle
 from jupyter_traincontrol.registry import find_run, list_runs
 
@@ -259,3 +259,30 @@ def test_list_all_keeps_ended_runs_with_how_they_ended_after_their_process_is_go
     assert "process-gone, " in rows[1]
     sent = cli("send", "done", "stop")  # an ended run takes no commands, and the error says how it ended
     assert sent.returncode == 3 and "The last run named 'done' has ended (state finished, end reason finished)" in sent.stderr
+
+
+def test_a_burst_of_answers_keeps_the_record_small_and_send_wait_finds_its_own(live_run, capsys):
+    """10,000 identical answers are one entry of bounded size in the record,
+    and a ``send --wait`` among them still finds its id there."""
+    from jupyter_traincontrol.control.client import send, wait_for_ack
+
+    waited = []
+    for index in range(10_000):
+        if index in (17, 5_000, 9_998):  # a waiting sender's request, answered in the middle of the burst
+            waited.append(send("alpha", "save", sender="cli", waited=True))
+            request = live_run.channel.get(5)
+        else:
+            request = parse_request(f"save #s{index}")
+        live_run.journal.acknowledge(request, "applied", "checkpoint written: ck-1.keras")
+    live_run.publish(force=True)
+    record = find_run("alpha")
+    (entry,) = record["acks"]
+    assert entry["count"] == 10_000 and entry["ids"][-1] == "s9999"
+    assert len(json.dumps(record["acks"])) < 2_000  # was 147 KB
+    for request in waited:
+        assert wait_for_ack("alpha", request, timeout=5)["outcome"] == "applied"
+    journal = live_run.journal  # in memory: the newest ids (4096) and every waited one
+    assert journal.acks_of("s9000")["count"] == 10_000 and journal.acks_of("s20") is None
+    assert journal.acks_of(waited[0].request_id) is not None
+    code, out, _ = run_main(capsys, "send", "alpha", "save", "--wait", "0.2")
+    assert code == 7 and live_run.channel.get(5).request_id.startswith("cli-w")  # --wait marks its id

@@ -1,6 +1,6 @@
 """Jobs across processes (JAX, gloo, on 127.0.0.1): every command, sent at
 random moments by every means (CLI, echo, Ctrl+C, SIGTERM), is applied by
-every process at the same step, in jobs of 2 and 4 processes (51 commands,
+every process at the same step, in jobs of 2 and 4 processes (68 commands,
 plus 2 stops of the resume test); a lost process (SIGKILL, SIGSTOP) makes
 the other end failed, its record naming it, and exit.
 
@@ -145,17 +145,19 @@ def _ended(job: JobProcesses, timeout: float) -> list[int]:
 
 
 # The last command of each job: SIGTERM through JAX's preemption service,
-# Ctrl+C on a random process, abort.
-JOBS = [(2, 0, "sigterm"), (2, 1, "sigint"), (4, 2, "abort")]
+# Ctrl+C on a random process, abort; and a job whose batch-end hooks all run
+# on Keras's pool (every callback async-safe: each training thread runs ahead
+# of the steps its devices have done, by as many as it has queued).
+JOBS = [(2, 0, "sigterm", ()), (2, 1, "sigint", ()), (4, 2, "abort", ()), (2, 3, "abort", ("--async-hooks",))]
 COMMANDS_PER_JOB = 16
 
 
-@pytest.mark.parametrize("n, seed, last", JOBS)
-def test_every_command_is_applied_by_every_process_at_one_step(tmp_path, jobs, runtime_dir, n, seed, last):
+@pytest.mark.parametrize("n, seed, last, options", JOBS)
+def test_every_command_is_applied_by_every_process_at_one_step(tmp_path, jobs, runtime_dir, n, seed, last, options):
     """17 commands per job (save, pause/save/resume, then its last one), at
-    random moments, by CLI or echo: 51 trials in all."""
+    random moments, by CLI or echo: 68 trials in all."""
     rng = random.Random(seed)
-    job = jobs(tmp_path, n, f"job{seed}")
+    job = jobs(tmp_path, n, f"job{seed}", *options)
     listed = json.loads(cli("list", "--json").stdout)
     assert [r["name"] for r in listed] == [job.name]  # listed once
     wait_until(lambda: len(json.loads(cli("list", "--json").stdout)[0].get("processes", [])) == n, timeout=30,

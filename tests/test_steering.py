@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import keras
@@ -310,7 +311,12 @@ def test_on_nan_rollback_restores_halves_the_learning_rate_and_goes_on(make_mode
     assert history.history["learning_rate"] == pytest.approx([0.01, 0.005, 0.005])
     assert history.history["rollbacks"] == [0, 1, 1]
     assert all(math.isfinite(v) for v in history.history["loss"])  # the epoch's mean restarts at the rollback
-    assert int(model.optimizer.iterations.numpy()) == 8 + 5 + 8
+    # Where a NaN seen on Keras's thread pool (torch) is acted on: the batch of its
+    # step, or a step or two later; the steps trained after it are the epoch's rest.
+    rolled = next(e["message"] for e in find_run("nanback")["events"] if "rollback 1 of 3" in e["message"])
+    goes_on = int(re.search(r"training goes on at epoch 2, batch (\d+)", rolled).group(1))
+    assert 4 <= goes_on <= (4 if keras.backend.backend() == "tensorflow" else 6), rolled
+    assert int(model.optimizer.iterations.numpy()) == 8 + (8 - goes_on + 1) + 8
     assert_finite_checkpoints(control)
     changes = find_run("nanback")["changes"]
     assert [c["name"] for c in changes] == ["rollbacks", "learning_rate"]

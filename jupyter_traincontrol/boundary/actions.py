@@ -96,7 +96,7 @@ class CommandActions:
         while (request := channel.pop()) is not None:
             self._apply(request)
         self.saves.start_due()
-        self.run.publish(force=True)  # senders see their acks now
+        self.run.publish_soon()  # senders see their acks now (written by the publisher thread)
 
     def _apply(self, request: Request) -> None:
         journal = self.run.journal

@@ -31,6 +31,9 @@ class RunPort(Protocol):
     def publish(self, force: bool = False) -> bool:
         """Writes the run's record."""
 
+    def publish_soon(self) -> None:
+        """Has the run's record written now, off this thread."""
+
     def add_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Notes a checkpoint the run wrote."""
 

@@ -4,13 +4,13 @@
 the background or not, a ``save`` or a ``stop``'s):
 
 - ``save``: at the batch boundary, a snapshot (`state.ModelSnapshot` for a
-  Keras model) copies the model's and optimizer's variables to host memory (the only time training is
-  held); a `CheckpointWriter` thread writes the ``.keras`` file and its
-  sidecar with the store's crash-safe protocol, flushes and prunes. The
-  host arrays of that copy are kept (`SnapshotBuffers`) and reused by the
-  next snapshot, until the end of `fit`: one host copy of the variables
-  from the first ``save`` on, and no fresh memory to map at each save. The
-  request is acknowledged (``applied`` with the file, or ``failed``) when
+  Keras model) takes the model's and optimizer's variables (the only time
+  training is held: on TensorFlow and JAX without a copy, on torch a host
+  copy); a `CheckpointWriter` thread writes the ``.keras`` file and its
+  sidecar with the store's crash-safe protocol, flushes and prunes. A host
+  copy's arrays are kept (`SnapshotBuffers`) and reused by the next
+  snapshot, until the end of `fit`: no fresh memory to map at each save.
+  The request is acknowledged (``applied`` with the file, or ``failed``) when
   the checkpoint is committed, so ``send --wait`` waits for the file.
 - a ``save`` that arrives while a write is in flight waits, and every save
   waiting is merged into the next checkpoint, taken at the first batch
@@ -107,7 +107,7 @@ class SaveScheduler:
         self._taken_at: int | None = None  # the boundary of the last checkpoint taken
         self._last_outcome: Outcome | None = None  # and its outcome, once written
         self._say = say
-        self._writer = CheckpointWriter(self.store, run.name or "run")
+        self._writer = CheckpointWriter(self.store, run.name or "run", on_idle=self._writer_idle)
         self._buffers = SnapshotBuffers()  # the host copy, reused from one snapshot to the next
         self._lock = threading.RLock()  # re-entrant: defensive, a signal handler may land while it is held
         self._waiting: list[Request] = []  # saves not yet in a checkpoint being written
@@ -115,6 +115,9 @@ class SaveScheduler:
         self._owner = threading.get_ident()  # the training thread
         self.due = False  # True while saves wait for the writer (checked at every boundary)
         self.last: Checkpoint | None = None
+        #: Called (any thread) when saves that waited can start: the front end
+        #: makes its next boundary one where commands act (`fit.dispatch`).
+        self.wake: Callable[[], None] = lambda: None
 
     # Asked by commands ------------------------------------------------------
 
@@ -201,14 +204,17 @@ class SaveScheduler:
         self._buffers.clear()
         with self._lock:
             requests, self._waiting, self.due = self._waiting, [], False
-        if not requests:
-            return
-        if threading.get_ident() == self._owner:
-            self.trained.sync()
-            terms = self._terms()
-            self._answer(requests, *(self._refused("save", terms) or self._write_here(self._position(), "save", terms)))
-        else:
-            self._answer(requests, "failed", "the run ended before this save could be written")
+        try:
+            if not requests:
+                return
+            if threading.get_ident() == self._owner:
+                self.trained.sync()
+                terms = self._terms()
+                self._answer(requests, *(self._refused("save", terms) or self._write_here(self._position(), "save", terms)))
+            else:
+                self._answer(requests, "failed", "the run ended before this save could be written")
+        finally:
+            self._writer.close()  # its thread ends with the training
 
     # Writing -----------------------------------------------------------------
 
@@ -242,6 +248,10 @@ class SaveScheduler:
         except CheckpointError as error:
             return self._failed(error)
         return self._committed(checkpoint, position)
+
+    def _writer_idle(self) -> None:
+        if self.due:
+            self.wake()  # saves asked for during the write: the next boundary takes them
 
     def _written(self, checkpoint: Checkpoint | None, error: BaseException | None) -> None:
         """On the writer thread: a background write ended."""

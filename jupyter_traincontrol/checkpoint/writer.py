@@ -1,9 +1,11 @@
 """The background checkpoint writer: one write in flight, off the training thread.
 
-`CheckpointWriter.submit` hands a source (a host copy of the state,
+`CheckpointWriter.submit` hands a source (a snapshot of the state,
 `state.ModelSnapshot`, or while the training thread waits, views of it) to
-a new named daemon thread that writes
-it with `CheckpointStore.save`: the same staging folder, renames, intent
+the writer's named daemon thread, started at the first write and kept
+until `close` (starting a thread per write held the submitting thread
+1-2 ms, waiting for the new one to run), which writes it with
+`CheckpointStore.save`: the same staging folder, renames, intent
 record, flushes and pruning as a save on the training thread, so a process
 killed at any moment of a background write leaves what a killed save
 leaves. Pruning and flushing happen on that thread too. The store's
@@ -14,6 +16,15 @@ At most one write is in flight: `submit` refuses a second (the caller
 merges saves asked for meanwhile into the next one). `wait` blocks until the
 write in flight, if any, is done. The source is released (``release()``,
 if it has one) as soon as its file is written.
+
+While nobody waits for it, the writer paces itself: a source that writes
+in slices calls its ``pace`` between them, and the writer sleeps twice as
+long as the slice took, so it takes about a third of one core and a
+training that keeps every core busy is slowed little while a checkpoint is
+written (the write takes three times as long). Once a thread waits for the
+write (`wait`: a ``stop``, the end of `fit`, a rollback), it goes at full
+speed. (A lower thread priority was tried: under load from other
+processes it starved the writer, and a ``stop`` waited a minute for it.)
 
 Example:
 
@@ -26,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable, Mapping
 
 from .records import Checkpoint, CheckpointError, TrainingPosition
@@ -34,6 +46,13 @@ from .store import CheckpointStore
 __all__ = ["CheckpointWriter", "WriterBusyError"]
 
 logger = logging.getLogger("jupyter_traincontrol")
+
+#: Seconds the writer sleeps per second of writing, while nobody waits for it.
+_PACE = 2.0
+#: Seconds a write waits before it starts, unless waited for: woken at once,
+#: the writer took the interpreter lock from the training thread still in
+#: its batch hook (holding it there 2-6 ms more, in slices of the switch interval).
+_START_DELAY = 0.005
 
 #: Called on the writer thread with the checkpoint written, or the error.
 OnDone = Callable[[Checkpoint | None, BaseException | None], None]
@@ -49,14 +68,21 @@ class CheckpointWriter:
     Args:
         store: The run's store (held by the run while writes go on).
         name: For the thread's name, ``traincontrol-writer-NAME``.
+        on_idle: Called on the writer thread once a write has ended and the
+            writer counts as idle (another may be submitted).
     """
 
-    def __init__(self, store: CheckpointStore, name: str = "run"):
+    def __init__(self, store: CheckpointStore, name: str = "run", on_idle: Callable[[], None] | None = None):
         self.store = store
         self.name = name
+        self._on_idle = on_idle or (lambda: None)
         self._thread: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
+        self._wake = threading.Event()
+        self._job: tuple | None = None
+        self._closing = False
+        self._waiters = 0  # threads in `wait`: the write goes at full speed
 
     @property
     def busy(self) -> bool:
@@ -92,11 +118,12 @@ class CheckpointWriter:
         if self.busy:
             raise WriterBusyError(f"A checkpoint of run {self.name!r} is being written; expected an idle writer.")
         self._idle.clear()
-        self._thread = threading.Thread(
-            target=self._write, args=(source, position, reason, dict(metrics or {}), on_done, resume_state, tunables),
-            name=f"traincontrol-writer-{self.name}", daemon=True,
-        )
-        self._thread.start()
+        self._job = (source, position, reason, dict(metrics or {}), on_done, resume_state, tunables)
+        self._closing = False
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=f"traincontrol-writer-{self.name}", daemon=True)
+            self._thread.start()
+        self._wake.set()
 
     def write(self, source: Any, position: TrainingPosition, reason: str, metrics, resume_state=None,
               tunables=None) -> Checkpoint:
@@ -118,16 +145,51 @@ class CheckpointWriter:
         return result["c"]
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Waits until no write is in flight; returns False on timeout."""
-        if not self._idle.wait(timeout):
-            return False
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        return True
+        """Waits until no write is in flight (which then goes at full
+        speed); returns False on timeout."""
+        if self._idle.is_set():
+            return True
+        self._waiters += 1
+        try:
+            return self._idle.wait(timeout)
+        finally:
+            self._waiters -= 1
+
+    def _pace(self, seconds: float) -> None:
+        """Between two slices of a write that took `seconds`: sleeps twice
+        as long, unless a thread waits for the write."""
+        end = time.monotonic() + _PACE * seconds
+        while not self._waiters and not self._closing and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.005))
+
+    def close(self) -> None:
+        """Waits for the write in flight, then ends the writer's thread.
+        Idempotent; a later `submit` starts a new one."""
+        self._idle.wait()
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._closing = True
+        self._wake.set()
+        if thread is not threading.current_thread():
+            thread.join()
+
+    def _serve(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            job, self._job = self._job, None
+            if job is not None:
+                if not self._waiters:  # let the training thread finish its boundary before taking the interpreter
+                    time.sleep(_START_DELAY)
+                self._write(*job)
+            elif self._closing:
+                return
 
     def _write(self, source, position, reason, metrics, on_done: OnDone, resume_state=None, tunables=None) -> None:
         checkpoint, failure = None, None
+        if hasattr(source, "pace"):  # a source that writes in slices paces itself with the writer
+            source.pace = self._pace
         try:
             self.store.phase("writer-started")
             checkpoint = self.store.save(source, position, reason=reason, metrics=metrics, resume_state=resume_state,
@@ -147,3 +209,7 @@ class CheckpointWriter:
             logger.exception("A checkpoint writer callback failed")
         finally:
             self._idle.set()
+        try:
+            self._on_idle()
+        except Exception:
+            logger.exception("A checkpoint writer callback failed")

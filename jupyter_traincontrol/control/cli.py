@@ -133,7 +133,7 @@ def _command_list(args: argparse.Namespace) -> int:
 
 def _command_send(args: argparse.Namespace) -> int:
     try:
-        request = send(args.name, " ".join(args.command), sender="cli")
+        request = send(args.name, " ".join(args.command), sender="cli", waited=args.wait is not None)
     except UnknownCommandError as error:
         return _fail(str(error), EXIT_USAGE)
     except RunNotFoundError as error:

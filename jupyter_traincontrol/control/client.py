@@ -8,7 +8,7 @@ Keras.
 
 Example:
 
->>> request = send("mnist", "stop")                  # doctest: +SKIP
+>>> request = send("mnist", "stop", waited=True)     # doctest: +SKIP
 >>> wait_for_ack("mnist", request, timeout=60)["outcome"]   # doctest: +SKIP
 'applied'
 """
@@ -46,7 +46,7 @@ class CommandFailedError(RuntimeError):
     could not be written, say)."""
 
 
-def send(name: str, command: str | Command | Request, sender: str | None = None) -> Request:
+def send(name: str, command: str | Command | Request, sender: str | None = None, *, waited: bool = False) -> Request:
     """Sends `command` to the listed run called `name`, with a fresh request id.
 
     Args:
@@ -55,6 +55,8 @@ def send(name: str, command: str | Command | Request, sender: str | None = None)
             ``rollback 2``, ...), a `Command` or a `Request`.
         sender: A short word saying who sends (``cli``, ``rest``): the
             fresh id starts with it, so the run's change log says who.
+        waited: The caller will `wait_for_ack`: the id says so, and the
+            run's record keeps it however many requests are merged with it.
 
     Returns:
         The request delivered; `wait_for_ack` follows it by its id.
@@ -66,7 +68,7 @@ def send(name: str, command: str | Command | Request, sender: str | None = None)
         ChannelError: If the command could not be written.
         UnsafePathError: If the run's channel is not a private one of ours.
     """
-    request = with_id(command, sender or "client")
+    request = with_id(command, sender or "client", waited=waited)
     record = find_run(name)
     address = channel_address(record)
     if not record.get("live", True):
@@ -95,7 +97,9 @@ def wait_for_ack(name: str, request: Request, timeout: float) -> dict[str, Any]:
 
     Args:
         name: The run's name.
-        request: The request as `send` returned it.
+        request: The request as `send` returned it (with ``waited=True``:
+            the run's record then keeps its id whatever the traffic;
+            another id may be dropped from a long burst of merged answers).
         timeout: Seconds to wait at most.
 
     Returns:

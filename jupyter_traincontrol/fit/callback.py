@@ -17,7 +17,8 @@ exception, that lets every other callback's ``on_train_end`` run
 
 With ``fit`` on the main thread, the first Ctrl+C means ``stop`` and a
 second raises ``KeyboardInterrupt`` as usual. The batch hook costs a flag
-check unless a command waits.
+check unless a command waits, and forces no host sync per step: on JAX and
+torch Keras may run it on its thread pool (see ``async_safe``).
 """
 
 from __future__ import annotations
@@ -81,14 +82,16 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         channel_kind: ``"fifo"`` or ``"spool"``. Defaults to ``"fifo"``
             where the platform has FIFOs.
         save_in_background: Hold training only while the variables are
-            copied to host memory, and write ``save`` checkpoints on a
-            writer thread (one at a time; saves asked for meanwhile are
-            merged into the next). Costs one host copy of the model's and
-            optimizer's variables, kept from the first ``save`` to the end
-            of `fit` and reused by each save. False: write on the training
-            thread (no copy). Defaults to True. A job's saves (`job`) are
-            always written on the training thread: every process takes each
-            one at the agreed step, in step with process 0's write.
+            taken (TensorFlow: a copy-on-write read of each; JAX: the
+            trainer's arrays, kept from being donated; torch: a host copy),
+            and write ``save`` checkpoints on a writer thread (one at a
+            time; saves asked for meanwhile are merged into the next). On
+            torch the host copy is kept from the first ``save`` to the end
+            of `fit` and reused by each save; on TensorFlow and JAX no copy
+            is kept between saves. False: write on the training thread (no
+            copy). Defaults to True. A job's saves (`job`) are always
+            written on the training thread: every process takes each one at
+            the agreed step, in step with process 0's write.
         tunables: Names to Keras variables the model reads (a dropout
             rate, a loss weight) that ``set NAME=VALUE`` may change, next to
             the optimizer's hyperparameters. Defaults to none.
@@ -109,19 +112,17 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
     ('stopped', [PosixPath('ckpt/ckpt-000001-epoch0004-step000012.keras')])
     """
 
-    #: Not async-safe, on purpose. On backends Keras marks thread-safe (JAX,
-    #: torch), `fit` runs the batch-end hooks on a thread pool while the next
-    #: step trains, unless a callback that overrides them says otherwise; ours
-    #: does, so the whole callback list is called on the training thread, as
-    #: on TensorFlow. A command must act between two steps: ``stop`` sets
-    #: ``stop_training`` after step N, which the trainer checks right after
-    #: this hook (from the pool it would stop after N+1 or N+2); a checkpoint
-    #: reads the variables of step N (from the pool it would race with step
-    #: N+1, and on JAX with the trainer taking its state back out of the
-    #: model); ``pause`` holds the training thread itself. The hook costs a
-    #: flag check; what the synchronous calls cost is measured per backend by
-    #: ``benchmarks/overhead.py`` (the "no-op batch hook" variant).
-    async_safe = False
+    #: Async-safe: on backends Keras marks thread-safe (JAX, torch), `fit`
+    #: runs the batch-end hooks on a thread pool while the next step trains,
+    #: and never waits for a step's logs (no host sync per step). A command
+    #: still acts between two steps on the training thread: while one waits,
+    #: the `fit`'s dispatch is switched to synchronous (`dispatch.BatchDispatch`),
+    #: so the next batch-end hook runs on the training thread, right after
+    #: its step, where ``stop`` ends `fit` at the step of its checkpoint. On
+    #: the pool the hook only counts progress and checks the loss (a loss
+    #: that is not finite is acted on at the next boundary on the training
+    #: thread: a step or a few later).
+    async_safe = True
 
     def __init__(
         self,
@@ -223,35 +224,29 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         session = self._session
         session.epoch_began(epoch)
-        session.actions.apply_pending(mid_epoch=False)
+        session.boundaries.at_boundary()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # Always on the training thread: counts the step, and (in a job) waits at an agreed one.
+        self._session.boundaries.batch_began(batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        # The hot path: plain assignments and one flag check.
-        session = self._session
-        progress = session.progress
-        progress.boundary += 1
-        progress.step = batch + 1
-        if logs:
-            progress.metrics = logs
-        progress.version += 1
-        loss = logs.get("loss") if logs else None
-        session.history.add_loss(loss)
-        if loss is not None and loss - loss != 0:  # NaN or infinite (Keras made it a float already)
-            session.non_finite_loss(loss, batch)
-        if session.actions.pending:
-            session.actions.apply_pending(mid_epoch=True)
+        # The hot path: on Keras's pool, plain assignments; on the training thread, a flag check.
+        self._session.boundaries.batch_ended(batch, logs)
 
     def on_test_batch_end(self, batch, logs=None):
         # Validation inside fit: commands act now, not only after it.
         session = self._session
         if session is not None and not session.closed:
             session.progress.in_validation = True
-            session.actions.apply_pending(mid_epoch=False)
+            if session.dispatch.on_training_thread():
+                session.boundaries.at_boundary()
 
     def on_epoch_end(self, epoch, logs=None):
         session = self._session
+        session.boundaries.catch_up()  # the epoch's last steps, if their hooks ran on Keras's pool
         session.epoch_ended(epoch, logs)
-        session.actions.apply_pending(mid_epoch=False)
+        session.boundaries.at_boundary()
 
     def on_train_end(self, logs=None):
         self._session.train_ended()

@@ -32,6 +32,8 @@ from ..run import RunLifecycle
 from ..state import Keras2State, KerasState, is_keras2_model, random_state
 from ..system.sigint import SigintGuard, graceful_stop
 from . import keras2, watchdog
+from .boundaries import Boundaries
+from .dispatch import BatchDispatch
 from .resume.batch_skipper import rebuild_train_function
 from .resume.data_order import DataOrder
 from .resume.resumption import Resumption, resume_from_latest, resume_from_source
@@ -80,6 +82,8 @@ class FitSession:
         self.progress.steps = params.get("steps")
         self.keras2 = is_keras2_model(model)  # a tf_keras model: saved on this thread, resumed without the data order
         self.trained = Keras2State(model) if self.keras2 else KerasState(model)
+        self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack
+        self.boundaries: Boundaries | None = None
         self.actions: CommandActions | None = None
         self.steering: Steering | None = None
         self.nan_policy: NanPolicy | None = None
@@ -133,6 +137,7 @@ class FitSession:
         run.follow(self.progress)
         stack.callback(run.unfollow)
         fit_watchdog = FitWatchdog(self.model, self._on_fit_lost)
+        stack.callback(fit_watchdog.stop)
         run.publisher.add_tick_hook(fit_watchdog.check)
         stack.callback(run.publisher.remove_tick_hook, fit_watchdog.check)
         self._watchdog = fit_watchdog
@@ -157,6 +162,10 @@ class FitSession:
             stack.callback(self._leave_job)
             channel = job.channel(channel, progress)
         self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end_fit, self.say, steering)
+        self.boundaries = Boundaries(progress, self.history, self.actions, self.dispatch, self._non_finite,
+                                     gate=channel if job is not None else None)
+        run.channel.on_request = saves.wake = self.dispatch.hold  # a command waits: the next boundary is on this thread
+        stack.callback(self._unwire, saves)
         self.nan_policy = NanPolicy(callback.on_nan, steering, self.actions.stop_without_checkpoint, self.say,
                                     callback.nan_rollbacks)
         self.data_order = DataOrder.find()  # counts what orders the data (exact resume)
@@ -174,6 +183,13 @@ class FitSession:
             guard = SigintGuard(stop, self._on_second_sigint)
             guard.install()
             stack.callback(guard.retire)
+
+    def _unwire(self, saves) -> None:
+        channel = self.run.channel
+        if channel is not None:
+            channel.on_request = None
+        saves.wake = lambda: None
+        self.dispatch.restore()
 
     def start(self) -> None:
         """After `open`: the run trains (or stops at once, if it was told to)."""
@@ -246,6 +262,8 @@ class FitSession:
         progress = self.progress
         progress.epoch, progress.step, progress.stopped_mid_epoch, progress.epoch_begun = epoch, 0, False, True
         progress.version += 1
+        if self.boundaries is not None:
+            self.boundaries.epoch_began()
         self.random_at_epoch_start = random_state.capture_epoch_start()
         if self.data_order is not None:
             self.data_order.epoch_began()
@@ -263,10 +281,10 @@ class FitSession:
             progress.metrics = dict(logs)
         progress.version += 1
 
-    def non_finite_loss(self, loss, batch: int) -> None:
-        """A batch's loss was NaN or infinite: the NaN policy acts."""
+    def _non_finite(self, loss, epoch: int, batch: int) -> None:
+        """A batch's loss was NaN or infinite: the NaN policy acts (training thread)."""
         if not self._closing:
-            self.nan_policy.on_non_finite(loss, self.progress.epoch, batch)
+            self.nan_policy.on_non_finite(loss, epoch, batch)
 
     # Interrupts --------------------------------------------------------------------
 

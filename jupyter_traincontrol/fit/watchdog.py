@@ -46,7 +46,13 @@ class FitWatchdog:
         if self.frame is None or on_stack(self.thread_id, self.frame):
             return
         self.frame = None
+        _watching.discard(self)
         self._on_lost()
+
+    def stop(self) -> None:
+        """The `fit` ended the Keras way: nothing more to watch. Idempotent."""
+        self.frame = None
+        _watching.discard(self)
 
 
 def check_all() -> None:

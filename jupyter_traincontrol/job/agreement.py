@@ -2,13 +2,34 @@
 
 Any process that takes a command (from its FIFO, Ctrl+C, SIGTERM) proposes
 it (`Agreement.propose`): a sequence number from a counter, the command
-under ``cmd/N`` with the step to apply it at (the next batch boundary),
-then it waits for every process to acknowledge it. While it waits, no
-process can finish the next step (each step needs all of them), so every
-process sees the proposal before that step and applies it there. Each
-process's watcher reads the next ``cmd/N`` (`receive`) and queues it by
-step; `AgreedChannel` hands the queued requests to the boundary layer once
-their step has come. The training thread pays two checks per batch.
+under ``cmd/N``; it does not wait. Every process's watcher thread reads the
+next ``cmd/N`` (`Agreement.receive`) and agrees on its step with the
+others:
+
+1. it closes its process's gate, so the training thread begins no step
+   until the step is agreed (it waits at its next ``on_train_batch_begin``,
+   or at the end of the boundary it is acting at);
+2. it writes where that process can still apply it (``at/N/PROCESS``):
+   the boundary it is acting at, if its training thread is at one; else
+   the end of the step after the one it has begun (it may have passed this
+   step's batch-end hooks on Keras's pool);
+3. it reads every process's, takes the latest, queues the request for
+   that step and opens the gate.
+
+So the step is agreed whatever each training thread was doing: with
+Keras's asynchronous dispatch of batch hooks a training thread runs ahead
+of the device by as many steps as it has queued (35 were seen in a
+2-process job on this machine), and the watchers, not the training
+threads, agree. No training thread waits on another meanwhile, so no wait
+of the agreement meets a step that waits on it (a step needs every
+process). The training thread then makes the agreed step's batch-end hook
+its own (`before_step` says so), and `AgreedChannel` hands the request to
+the boundary layer there. The training thread pays two checks per batch.
+
+A proposal never fails the job: if a process has already ended its `fit`
+(its heartbeat says so) it will never say where it is, so the proposal is
+dropped at once on every process and the process that proposed it answers
+it ``failed``, saying why (`refused`); the others train on.
 """
 
 from __future__ import annotations
@@ -34,46 +55,89 @@ class Agreement:
         coordination: The job's key-value store.
         process_id: This process's index.
         num_processes: How many processes the job has.
-        agree_timeout: Seconds to wait for every process to acknowledge.
+        agree_timeout: Seconds to wait for every process's word on a step.
+        refused: Called (on the watcher thread) with a request this process
+            proposed that the job cannot apply, and why. Defaults to None.
     """
 
-    def __init__(self, coordination: Coordination, process_id: int, num_processes: int, agree_timeout: float):
+    def __init__(self, coordination: Coordination, process_id: int, num_processes: int, agree_timeout: float,
+                 refused: Callable[[Request, str], None] | None = None):
         self.coordination = coordination
+        self.refused = refused
         self.process_id = process_id
         self.num_processes = num_processes
         self.agree_timeout = agree_timeout
         self._agreed: list[tuple[int, int, Request]] = []  # heap of (step, seq, request)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self.next_seq = 1
+        #: The gate: True while a proposal's step is being agreed.
+        self.closed = False
+        #: This process's training thread: steps begun, and the boundary it is
+        #: acting at (None while it is not at one). Set under the lock.
+        self.dispatched = 0
+        self.acting_at: int | None = None
 
-    def propose(self, request: Request, step: int) -> str | None:
-        """Training thread: proposes `request` for `step`, waits until every
-        process has it (they cannot pass `step` meanwhile). Never raises into
-        the training: a proposal that cannot be agreed on is answered.
+    def propose(self, request: Request) -> None:
+        """Proposes `request` to every process (any thread; does not wait)."""
+        kv = self.coordination
+        seq = kv.increment(kv.key("seq"), 1)
+        line = str(request) + (f" #{request.request_id}" if request.request_id else "")
+        kv.set(kv.key("cmd", seq), json.dumps({"line": line, "from": self.process_id}))
+
+    def receive(self, timeout: float) -> bool:
+        """Watcher thread: takes the next proposal if it comes within
+        `timeout` seconds and agrees on its step with every process.
 
         Returns:
-            None once every process has it; else why it will not be applied
-            (a process has ended its `fit`, was lost, or did not answer).
+            True if one came (agreed on, or dropped because a process has
+            ended its `fit`).
+
+        Raises:
+            JobLostError: A process was lost meanwhile.
+            RuntimeError: A process did not say where it is in time.
         """
         kv = self.coordination
-        waiting_for = "the coordination service"
+        seq = self.next_seq
         try:
-            seq = kv.increment(kv.key("seq"), 1)
-            line = str(request) + (f" #{request.request_id}" if request.request_id else "")
-            kv.set(kv.key("cmd", seq), json.dumps({"line": line, "step": step, "from": self.process_id}))
-            for process in range(self.num_processes):
-                waiting_for = f"process {process} of {self.num_processes}"
-                answered = kv.wait_for(kv.key("ack", seq, process), self.agree_timeout,
-                                       f"process {process} to acknowledge {request}",
-                                       give_up=lambda process=process: self._ended(process))
-                if answered is None:
-                    self._withdraw(seq)
-                    return f"process {process} of {self.num_processes} has ended fit; the job did not apply it"
-        except JobLostError as error:
-            return str(error)
-        except Exception as error:  # a timeout, or the coordination service went away
-            return f"the job could not agree on it: {waiting_for} did not answer within {self.agree_timeout:g} s ({first_line(error)})"
-        return None
+            value = kv.get(kv.key("cmd", seq), timeout)
+        except Exception as error:
+            if not timed_out(error):
+                raise
+            return False
+        proposal = json.loads(value)
+        request = parse_request(proposal["line"])
+        with self._lock:
+            self.closed = True
+            here = self.acting_at if self.acting_at is not None else self.dispatched + 1
+        try:
+            kv.set(kv.key("at", seq, self.process_id), str(here))
+            words = [self._word_of(process, seq, request) for process in range(self.num_processes)]
+        except BaseException:
+            self._open()
+            raise
+        ended = [process for process, word in enumerate(words) if word is None]
+        with self._lock:
+            if not ended:
+                heapq.heappush(self._agreed, (max(int(word) for word in words), seq, request))
+            self.next_seq = seq + 1
+        self._open()
+        if ended and proposal.get("from") == self.process_id and self.refused is not None:
+            self.refused(request, f"process {ended[0]} of {self.num_processes} has ended fit; the job did not apply it")
+        return True
+
+    def _word_of(self, process: int, seq: int, request: Request) -> str | None:
+        """Where `process` can apply proposal `seq`; None if it has ended its `fit`."""
+        kv = self.coordination
+        try:
+            return kv.wait_for(kv.key("at", seq, process), self.agree_timeout, f"process {process} to agree on {request}",
+                               give_up=lambda: self._ended(process))
+        except (TimeoutError, RuntimeError) as error:
+            if isinstance(error, JobLostError):
+                raise
+            raise RuntimeError(
+                f"Process {process} of {self.num_processes} did not agree on a step for {request} "
+                f"within {self.agree_timeout:g} s: {first_line(error)}"
+            ) from None
 
     def _ended(self, process: int) -> bool:
         """True once `process` said in its heartbeat that its `fit` ended."""
@@ -85,33 +149,15 @@ class Agreement:
         except (ValueError, AttributeError):
             return False
 
-    def _withdraw(self, seq: int) -> None:
-        """Drops proposal `seq` from this process's queue (it will not be applied)."""
+    def _open(self) -> None:
         with self._lock:
-            kept = [entry for entry in self._agreed if entry[1] != seq]
-            heapq.heapify(kept)
-            self._agreed = kept
+            self.closed = False
+            self._lock.notify_all()
 
-    def receive(self, timeout: float) -> bool:
-        """Watcher thread: takes the next proposal if it comes within
-        `timeout` seconds, queues it by its step and acknowledges it.
-
-        Returns:
-            True if one came.
-        """
-        kv = self.coordination
-        try:
-            value = kv.get(kv.key("cmd", self.next_seq), timeout)
-        except Exception as error:
-            if not timed_out(error):
-                raise
-            return False
-        proposal = json.loads(value)
-        with self._lock:
-            heapq.heappush(self._agreed, (int(proposal["step"]), self.next_seq, parse_request(proposal["line"])))
-        kv.set(kv.key("ack", self.next_seq, self.process_id), "1")
-        self.next_seq += 1
-        return True
+    def wait_open(self, lost: Callable[[], str | None]) -> None:
+        """Training thread (the lock held): waits while a step is being agreed."""
+        while self.closed and not lost():
+            self._lock.wait(_HOLD_POLL_SECONDS)
 
     def due(self, boundary: int) -> bool:
         """True when a received request's step has come (cheap)."""
@@ -136,18 +182,13 @@ class AgreedChannel:
         local: The run's own channel (its FIFO).
         progress: Where training stands (its ``boundary`` counter).
         lost: Returns why a peer is lost, or None.
-        refused: Called with a request the job could not agree on, and why
-            (the run answers it ``failed``).
     """
 
-    def __init__(self, agreement: Agreement, local, progress, lost: Callable[[], str | None],
-                 refused: Callable[[Request, str], None]):
+    def __init__(self, agreement: Agreement, local, progress, lost: Callable[[], str | None]):
         self.agreement = agreement
         self.local = local
         self.progress = progress
         self._lost = lost
-        self._refused = refused
-        self._holding = False
 
     @property
     def kind(self) -> str:
@@ -164,27 +205,58 @@ class AgreedChannel:
         return self.agreement.due(self.progress.boundary)
 
     def _propose_local(self) -> None:
-        # Held, every process waits at this very boundary: apply it here.
-        step = self.progress.boundary + (0 if self._holding else 1)
         while (request := self.local.pop()) is not None:
-            why = self.agreement.propose(request, step)
-            if why is not None:
-                self._refused(request, why)
+            self.agreement.propose(request)
+
+    # The training thread's side of the gate ----------------------------------------------
+
+    def before_step(self, boundary: int) -> bool:
+        """``on_train_batch_begin``, `boundary` steps done: waits while a
+        step is being agreed, then counts the step begun.
+
+        Returns:
+            True if an agreed request is due at the end of this step (its
+            batch-end hooks must run on the training thread).
+        """
+        if self.local.pending:
+            self._propose_local()
+        agreement = self.agreement
+        with agreement._lock:
+            agreement.wait_open(self._lost)
+            agreement.dispatched = boundary + 1
+        return agreement.due(boundary + 1)
+
+    def acting(self) -> None:
+        """The training thread is at a boundary where requests act (`acted` ends it)."""
+        agreement = self.agreement
+        with agreement._lock:
+            agreement.acting_at = self.progress.boundary
+
+    def acted(self) -> bool:
+        """The training thread leaves its boundary: first waits for a step
+        being agreed (this process may have said it acts here).
+
+        Returns:
+            True if a request came due here meanwhile (act again first).
+        """
+        agreement = self.agreement
+        with agreement._lock:
+            agreement.wait_open(self._lost)
+            if agreement.due(self.progress.boundary):
+                return True
+            agreement.acting_at = None
+        return False
 
     def pop(self) -> Request | None:
         return self.agreement.pop_due(self.progress.boundary)
 
     def get(self, timeout: float | None) -> Request | None:
         """While paused: proposes what arrives, returns what is due."""
-        self._holding = True
-        try:
-            deadline = time.monotonic() + (timeout or 0)
-            while True:
-                if self.local.pending:
-                    self._propose_local()
-                request = self.pop()
-                if request is not None or self._lost() or time.monotonic() >= deadline:
-                    return request
-                time.sleep(_HOLD_POLL_SECONDS)
-        finally:
-            self._holding = False
+        deadline = time.monotonic() + (timeout or 0)
+        while True:
+            if self.local.pending:
+                self._propose_local()
+            request = self.pop()
+            if request is not None or self._lost() or time.monotonic() >= deadline:
+                return request
+            time.sleep(_HOLD_POLL_SECONDS)

@@ -117,7 +117,7 @@ class Job:
         self.exit_grace = exit_grace
         self.preemption_service = preemption_service
         self.kv = Coordination(client, heartbeat_seconds)
-        self.agreement = Agreement(self.kv, process_id, num_processes, agree_timeout)
+        self.agreement = Agreement(self.kv, process_id, num_processes, agree_timeout, self._refuse)
         self.lost_process: int | None = None
         self._watcher: threading.Thread | None = None
         self._closing = threading.Event()
@@ -152,7 +152,7 @@ class Job:
         self.lost_process = None
         self._closing = threading.Event()  # its own per fit: a late watcher never sees the next one's
         self._verdict.clear()
-        self.agreement = Agreement(self.kv, self.process_id, self.num_processes, self.agree_timeout)
+        self.agreement = Agreement(self.kv, self.process_id, self.num_processes, self.agree_timeout, self._refuse)
         self._peers = Peers(self.process_id, self.num_processes, self.lost_after, self.agree_timeout)
         if not self.leader:
             run.rename(self.kv.wait_for(self.kv.key("name"), self.agree_timeout, "process 0 to name the run"))
@@ -209,7 +209,7 @@ class Job:
         """The channel the boundary layer reads: agreed requests, when due.
         A request the job cannot agree on (a peer has ended its `fit`) is
         answered ``failed`` at once, saying why; the training goes on."""
-        return AgreedChannel(self.agreement, local, progress, lambda: self.kv.lost, self._refuse)
+        return AgreedChannel(self.agreement, local, progress, lambda: self.kv.lost)
 
     def _refuse(self, request: Request, why: str) -> None:
         journal = self._run.journal

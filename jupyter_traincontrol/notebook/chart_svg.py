@@ -2,14 +2,18 @@
 
 Pure: it draws from the run's history (each epoch's logs) and its loss
 curve (the loss per batch, in at most a few hundred points); the scale and
-smoothing policies are the side panel's too (`run.loss_curve`).
+smoothing policies are the side panel's too (`run.loss_curve`). Every
+series is drawn from at most `MAX_POINTS` points (longer ones are averaged
+in equal runs, as `LossCurve` does), so the SVG is bounded whatever the
+run's length; the panel hands it series kept bounded already
+(`RunHistory.chart_series`), so a rebuild costs the same at any length.
 """
 
 from __future__ import annotations
 
 import math
 
-from ..run.loss_curve import smooth, use_log_scale
+from ..run.loss_curve import MAX_POINTS, smooth, use_log_scale
 from .panel_text import number_text
 
 __all__ = ["loss_chart_svg"]
@@ -25,7 +29,21 @@ def _fmt(value: float) -> str:
     return number_text(value)  # the axis reads as the side panel's does
 
 
-def loss_chart_svg(history: list[dict], loss_curve: list | None = None, width: int = 380, height: int = 150) -> str:
+def _bounded(points: list, most: int = MAX_POINTS) -> list:
+    """`points` (``(x, value)``, in order) in at most `most` points: the mean
+    of each equal run, at the x of its last."""
+    if len(points) <= most:
+        return points
+    width = -(-len(points) // most)  # ceil
+    out = []
+    for start in range(0, len(points), width):
+        run = points[start:start + width]
+        out.append((run[-1][0], sum(v for _, v in run) / len(run)))
+    return out
+
+
+def loss_chart_svg(history: list[dict], loss_curve: list | None = None, width: int = 380, height: int = 150, *,
+                   val_loss: list | None = None, epoch_loss: list | None = None) -> str:
     """An inline SVG chart of the loss per batch, smoothed, with the
     per-epoch validation loss on top (no plotting library).
 
@@ -41,6 +59,11 @@ def loss_chart_svg(history: list[dict], loss_curve: list | None = None, width: i
             epoch's end, counted across epochs).
         loss_curve: ``[[batch, loss], ...]`` (loss None for a NaN). Without
             it, the per-epoch losses are drawn.
+        val_loss: ``[[x, val_loss], ...]``, x the batch (with `loss_curve`)
+            or the epoch: the validation loss, bounded already. Defaults to
+            the one of each entry of `history`.
+        epoch_loss: ``[[epoch, loss], ...]``, for the per-epoch losses
+            (bounded already). Defaults to `history`'s.
 
     Returns:
         SVG markup, or a short note while there is nothing to draw.
@@ -48,12 +71,17 @@ def loss_chart_svg(history: list[dict], loss_curve: list | None = None, width: i
     by_batch = bool(loss_curve)
     if by_batch:
         loss = [(b, v) for b, v in loss_curve if v is not None]
-        val = [(h["batch"], h["val_loss"]) for h in history if isinstance(h.get("val_loss"), (int, float)) and h.get("batch")]
+        if val_loss is None:
+            val_loss = [(h["batch"], h["val_loss"]) for h in history
+                        if isinstance(h.get("val_loss"), (int, float)) and h.get("batch")]
     else:
-        loss = [(h["epoch"], h["loss"]) for h in history if isinstance(h.get("loss"), (int, float))]
-        val = [(h["epoch"], h["val_loss"]) for h in history if isinstance(h.get("val_loss"), (int, float))]
-    loss = [(x, v) for x, v in loss if math.isfinite(v)]
-    val = [(x, v) for x, v in val if math.isfinite(v)]
+        if epoch_loss is None:
+            epoch_loss = [(h["epoch"], h["loss"]) for h in history if isinstance(h.get("loss"), (int, float))]
+        if val_loss is None:
+            val_loss = [(h["epoch"], h["val_loss"]) for h in history if isinstance(h.get("val_loss"), (int, float))]
+        loss = epoch_loss
+    loss = _bounded([(x, v) for x, v in loss if v is not None and math.isfinite(v)])
+    val = _bounded([(x, v) for x, v in val_loss if v is not None and math.isfinite(v)])
     if not loss and not val:
         return f'<div style="color:{_MUTED};font-size:12px">The loss chart appears after the first batch.</div>'
     smoothed = [(x, v) for (x, _), v in zip(loss, smooth([v for _, v in loss])) if v is not None]

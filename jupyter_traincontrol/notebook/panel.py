@@ -263,7 +263,7 @@ class ControlPanel:
         self._refresh_steering(enabled, progress)
         self._refresh_outcome(state, progress)
         self.metrics.value = metrics_html(progress.metrics)
-        self.chart.value = loss_chart_svg(lifecycle.history.epochs, lifecycle.history.loss_curve.points())
+        self.chart.value = loss_chart_svg(**lifecycle.history.chart_series())
         self.note.value = self._note_html(state, now)
         self.log.value = log_html(list(lifecycle.journal.events)[-8:])
         self.output.value = self._output_html()

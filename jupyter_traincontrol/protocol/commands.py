@@ -156,6 +156,17 @@ class Request:
         return f"{self}{tail}\n".encode("utf-8")
 
 
+#: What marks the id of a request whose sender waits for its acknowledgement
+#: (``send --wait``): ``SENDER-w<hex>``. A run's record keeps every such id
+#: it answered, and only the newest of the others (`run.journal`).
+WAITED_ID_MARK = "-w"
+
+
+def is_waited_id(request_id: str | None) -> bool:
+    """True for the id of a request whose sender waits for its answer."""
+    return request_id is not None and WAITED_ID_MARK in request_id
+
+
 def parse_request(text: str | Command | Request) -> Request:
     """Parses one line of the wire format (without its newline).
 

@@ -120,6 +120,25 @@ class RunFolder:
             if self.dir_fd >= 0:
                 write_json_atomic(self.record_path, self._full_record(record), dir_fd=self.dir_fd)
 
+    def reopen(self, run_id: str) -> bool:
+        """Takes the folder again for a new run of the same name and process
+        (a reused callback's next `fit`), if it is still this process's
+        ended run's: no new folder, lock or tombstone. The caller writes
+        the new run's record.
+
+        Returns:
+            False if the folder is no longer ours (the caller claims anew).
+        """
+        with self._write_lock:
+            if self._released or self.dir_fd >= 0 or not self.owns_folder():
+                return False
+            try:
+                self.dir_fd = open_dir(self.path)
+            except OSError:
+                return False
+            self.run_id = run_id
+            return True
+
     def seal(self) -> None:
         """Closes the folder's handle: the run has written its last record.
         Idempotent."""

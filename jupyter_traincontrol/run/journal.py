@@ -5,7 +5,10 @@ checkpoint writer, a job's watcher): `log` adds an event and tells the
 listeners (the panels), `acknowledge` answers a request by its id (a sender
 waiting with ``send --wait`` finds it in the record's ``acks``),
 `add_change` keeps what ``set``, ``rollback`` and the NaN policy changed.
-All three are bounded; `version` changes with every entry, so the run's
+All three are bounded, and so is the record they make (`as_record`): an
+entry that merges a burst of identical answers shows its ``count``, every
+id whose sender waits for it (``send --wait``: `protocol.is_waited_id`)
+and the newest `ACK_IDS_PUBLISHED` others; `version` changes with every entry, so the run's
 publisher knows when to write the record again.
 
 Example:
@@ -23,15 +26,20 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..protocol import Request
+from ..protocol import Request, is_waited_id
 
-__all__ = ["Journal", "RunEvent", "Listener", "EVENTS_KEPT", "ACKS_KEPT", "CHANGES_KEPT"]
+__all__ = ["Journal", "RunEvent", "Listener", "EVENTS_KEPT", "ACKS_KEPT", "CHANGES_KEPT", "ACK_IDS_KEPT",
+           "ACK_IDS_PUBLISHED"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
 EVENTS_KEPT = 50
 ACKS_KEPT = 50
 CHANGES_KEPT = 50
+#: Ids one merged acknowledgement keeps in memory (the newest; waited ones too).
+ACK_IDS_KEPT = 4096
+#: Ids of senders that do not wait, shown per entry in the record (the newest).
+ACK_IDS_PUBLISHED = 16
 
 #: Called with each event, and with None when progress changed (panels).
 Listener = Callable[[Any, "RunEvent | None"], None]
@@ -83,10 +91,11 @@ class Journal:
 
     def acknowledge(self, request: Request, outcome: str, message: str) -> None:
         """Says what became of a request with an id: its sender finds the id
-        in the record's ``acks``, ``{"ids", "command", "outcome", "message",
-        "time"}`` (published with the next publish). Requests with the same
-        answer in a row share one entry, so a burst of a thousand merged
-        saves is one entry, not a thousand.
+        in the record's ``acks``, ``{"ids", "count", "command", "outcome",
+        "message", "time"}`` (published with the next publish). Requests
+        with the same answer in a row share one entry (``count`` of them),
+        so a burst of a thousand merged saves is one entry, not a thousand;
+        the record shows its waited ids and its newest others (`as_record`).
 
         Args:
             request: The request.
@@ -94,17 +103,25 @@ class Journal:
                 message says why) or ``failed``.
             message: One line for a person.
         """
-        if request.request_id is None:
+        request_id = request.request_id
+        if request_id is None:
             return
         with self._lock:
             last = self.acks[-1] if self.acks else None
             if last is not None and (last["command"], last["outcome"], last["message"]) == (str(request), outcome, message):
-                last["ids"].append(request.request_id)
+                ids = last["ids"]
+                if len(ids) >= ACK_IDS_KEPT:
+                    del ids[0]
+                ids.append(request_id)
+                last["count"] += 1
             else:
-                self.acks.append(
-                    {"ids": [request.request_id], "command": str(request), "outcome": outcome, "message": message,
-                     "time": time.time()}
-                )
+                last = {"ids": [request_id], "count": 1, "command": str(request), "outcome": outcome,
+                        "message": message, "time": time.time(), "waited": []}
+                self.acks.append(last)
+            if is_waited_id(request_id):
+                waited = last["waited"]  # kept apart: the record shows them all
+                waited.append(request_id)
+                del waited[:-ACK_IDS_KEPT]
             self.version += 1
 
     def add_change(self, change: dict[str, Any]) -> None:
@@ -117,14 +134,17 @@ class Journal:
     def acks_of(self, request_id: str) -> dict[str, Any] | None:
         """The acknowledgement of `request_id`, or None (yet)."""
         with self._lock:
-            return next((dict(ack) for ack in self.acks if request_id in ack["ids"]), None)
+            for ack in self.acks:
+                if request_id in ack["ids"] or request_id in ack["waited"]:
+                    return _shown(ack, list(ack["ids"]))
+            return None
 
     def as_record(self) -> dict[str, Any]:
         """The journal's fields of the run's record."""
         with self._lock:
             return {
                 "events": list(self.events)[-20:],
-                "acks": [dict(ack, ids=list(ack["ids"])) for ack in self.acks],
+                "acks": [_shown(ack, _published_ids(ack["ids"], ack["waited"])) for ack in self.acks],
                 "changes": [dict(change) for change in self.changes],
             }
 
@@ -147,3 +167,20 @@ class Journal:
                 listener(self._owner, event)
             except Exception:  # a display must never break training
                 logger.exception("A run listener failed")
+
+
+def _shown(ack: dict[str, Any], ids: list[str]) -> dict[str, Any]:
+    """An acknowledgement as readers see it, with `ids`."""
+    shown = {key: value for key, value in ack.items() if key != "waited"}
+    shown["ids"] = ids
+    return shown
+
+
+def _published_ids(ids: list[str], waited) -> list[str]:
+    """The ids of an entry the record shows: the ones waited for, then the
+    newest `ACK_IDS_PUBLISHED` (of any kind)."""
+    newest = ids[-ACK_IDS_PUBLISHED:]
+    if not waited:
+        return newest
+    shown = set(newest)
+    return [request_id for request_id in waited if request_id not in shown] + newest

@@ -138,9 +138,12 @@ class RunLifecycle:
         """
         if self.is_open:
             raise RuntimeError(f"Run {self.name!r} is already open.")
-        self.forget()  # the record of an earlier, ended run of this object
         self.run_id = uuid.uuid4().hex  # this instance's, in its record and in its checkpoints' sidecars
-        self._folder = self._claim_folder()
+        previous = self._folder
+        if previous is None or previous.name != (self._requested_name or previous.name) \
+                or not previous.reopen(self.run_id):  # an ended run of this object: its folder serves again
+            self.forget()  # the record of an earlier, ended run of this object
+            self._folder = self._claim_folder()
         self.name = self._folder.name
         self.store = CheckpointStore(  # the tool's own default folder is made private
             self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
@@ -239,7 +242,10 @@ class RunLifecycle:
 
     def _moved(self, state: RunState) -> None:
         self.journal.log("state", str(state))
-        self.publish(force=True)
+        if state in FINAL_STATES:
+            self.publish(force=True)  # the last record, before the folder is sealed
+        else:
+            self.publish_soon()  # by the publisher thread, at once
 
     def _on_rejected(self, rejected: Rejected) -> None:
         self.journal.log("rejected", f"{rejected.text}: {rejected.reason}")
@@ -334,6 +340,15 @@ class RunLifecycle:
             return False
         self._published_version, self._last_publish = version, now
         return True
+
+    def publish_soon(self) -> None:
+        """Has the publisher thread write the record now (if it changed),
+        off this thread; without a publisher, writes it here."""
+        publisher = self.publisher
+        if publisher is not None and publisher.running:
+            publisher.publish_soon()
+        else:
+            self.publish(force=True)
 
     def add_listener(self, listener: Listener) -> None:
         """Calls `listener(run, event)` on each event, and with None on

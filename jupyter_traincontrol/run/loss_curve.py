@@ -1,6 +1,7 @@
 """The per-batch loss of a run, kept in a bounded number of points.
 
-`LossCurve` is fed on every batch end by the training thread, so `add` is
+`LossCurve` is fed on every batch end (and, per epoch, with the
+validation loss, at the batch that ended the epoch) by the training thread, so `add` is
 O(1) and allocation-free in the common case: it sums into the current
 bucket, and once the curve holds `max_points` points it halves them (each
 pair becomes its mean) and doubles the bucket width. A run of any length is
@@ -53,11 +54,20 @@ class LossCurve:
         self._sum = 0.0
         self._count = 0
         self._bad = False
+        self._at = 0  # the x of the last value added
 
-    def add(self, loss) -> None:
+    def add(self, loss, at: int | None = None) -> None:
         """Adds the loss of the next batch (anything `float` takes; None, a
-        NaN or an infinity make a gap)."""
+        NaN or an infinity make a gap).
+
+        Args:
+            loss: The value.
+            at: Its x (an epoch's last batch, an epoch number); a point's x
+                is that of the last value in it. Defaults to the count of
+                values added (the batch index).
+        """
         self.batches += 1
+        self._at = self.batches if at is None else at
         try:
             value = float(loss)
         except (TypeError, ValueError):
@@ -71,7 +81,7 @@ class LossCurve:
             self._close_bucket()
 
     def _close_bucket(self) -> None:
-        self._points.append([self.batches, None if self._bad else self._sum / self._count])
+        self._points.append([self._at, None if self._bad else self._sum / self._count])
         self._sum, self._count, self._bad = 0.0, 0, False
         if len(self._points) >= self.max_points:
             # Full: each pair of points becomes one. A new list, swapped in
@@ -87,7 +97,7 @@ class LossCurve:
         points = [list(point) for point in self._points]
         count = self._count
         if count:
-            points.append([self.batches, None if self._bad else self._sum / count])
+            points.append([self._at, None if self._bad else self._sum / count])
         return points
 
 

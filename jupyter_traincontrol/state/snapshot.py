@@ -1,42 +1,54 @@
-"""A model's state copied to host memory, written as a ``.keras`` file later.
+"""A model's state as of a batch boundary, written as a ``.keras`` file later: `ModelSnapshot`.
 
-`ModelSnapshot.take` runs on the training thread at a batch boundary: it
-walks the model exactly as ``model.save`` does (Keras's own walk, so custom
-layers, optimizers and their layout are those of a ``.keras`` file) with a
-store that, instead of writing, keeps a host copy of every value it is
-given. That is the whole cost to training: one copy of the weights and the
-optimizer's variables (memcpy speed) and the model's config as JSON.
+`ModelSnapshot.take` runs on the training thread at a batch boundary. It
+takes what ``model.save`` would write, without writing: the entries of
+Keras's own save walk (so custom layers, optimizers and their layout are
+those of a ``.keras`` file) and the model's config. The walk and the
+serialized model are done once per `fit` (`layout.SnapshotLayout`, reused
+while the model keeps its variables); each snapshot takes the variables'
+values and the compile config (the optimizer's hyperparameters as now).
 
-Each variable is read through a view of its buffer (no copy on CPU) and
-copied once, into a host array of `SnapshotBuffers` when one is given:
-the arrays of the previous snapshot, kept by the run and reused, so a
-snapshot writes into memory that is already mapped. Allocating hundreds of
-MB afresh for every snapshot (what ``variable.numpy()`` does) costs more
-than the copy itself: the first touch of each page is a page fault, and
-after a save has filled the page cache those took 0.5-1.8 s for 500 MB on
-the benchmark machine, against 0.07-0.14 s to copy into mapped arrays. The
-optimizer's variables are taken the same way: while the snapshot walks the
-model, an optimizer that keeps Keras's own ``save_own_variables`` (the
-variables in order, keys ``"0"``, ``"1"``...) hands the store its variables
-instead of their ``numpy()`` copies; the file's layout is the same.
+How a value is kept (`frozen`) is each backend's cheapest way that later
+training cannot change: on TensorFlow a read of the variable (its buffers
+are copy-on-write, so the step that next updates it copies it, on the
+device), on JAX a host view of the trainer's array on CPU (its buffer is
+then kept rather than donated to the next step) or a queued device-side
+copy on an accelerator, and on torch (updated in place) a host copy. So on
+TensorFlow and JAX a snapshot costs the training thread microseconds per
+variable and keeps no host copy of its own; the writer thread brings
+device values to the host.
+
+A host copy (torch, or a variable with no such value) goes into the arrays
+of `SnapshotBuffers` when one is given: the arrays of the previous
+snapshot, kept by the run and reused, so a snapshot writes into memory
+that is already mapped. Allocating hundreds of MB afresh for every
+snapshot costs more than the copy itself: the first touch of each page is
+a page fault, and after a save had filled the page cache those took
+0.5-1.8 s for 500 MB on the benchmark machine, against 0.07-0.14 s to copy
+into mapped arrays.
 
 With ``copy=False`` it keeps views of the variables' buffers instead (no
 memory, no time), for a checkpoint written while the training thread waits.
 
-`ModelSnapshot.save(path)` then writes the ``.keras`` file from that copy,
-on any thread, without touching the model (host arrays go to h5py as they
-are, and the HDF5 image is streamed into the zip from its buffer: two
-copies fewer than ``model.save``): the zip holds the same
-``metadata.json``, ``config.json``, ``model.weights.h5`` and ``assets/`` as
-``model.save`` would have written at the moment of the snapshot, and
+`ModelSnapshot.save(path)` then writes the ``.keras`` file, on any thread,
+without touching the model (host arrays go to h5py as they are, in slices
+of a few MB so the writer never holds the interpreter lock for long, and
+the HDF5 image is streamed into the zip from its buffer: two copies fewer
+than ``model.save``): the zip holds the same ``metadata.json``,
+``config.json``, ``model.weights.h5`` and ``assets/`` as ``model.save``
+would have written at the moment of the snapshot, and
 `keras.models.load_model` opens it; a snapshot holding a NaN or an
-infinity is not written (`NonFiniteStateError`). `CheckpointStore.save`
-writes a snapshot exactly as it writes a model (``save(path)``).
+infinity is not written (`NonFiniteStateError`). It has a ``save(path)``
+method like a model's, so `CheckpointStore.save` writes a snapshot exactly
+as it writes a model (same staging, renames and intent record).
 
-Memory: a snapshot holds one host copy of the model's variables and the
-optimizer's (for Adam, three times the weights) until it is dropped; with
-`SnapshotBuffers`, the run keeps that copy from its first snapshot until it
-calls `SnapshotBuffers.clear` (`SaveScheduler.close`, at `fit`'s end).
+Memory: until it is dropped, a snapshot holds what its values hold: on
+TensorFlow and JAX the buffers of its boundary (which training would
+otherwise have reused: one more copy of the state, in device memory,
+while its file is written); on torch one host copy of the variables and
+the optimizer's (for Adam, three times the weights), kept by the run from
+its first snapshot until it calls `SnapshotBuffers.clear`
+(`SaveScheduler.close`, at the end of `fit`).
 
 Example:
 
@@ -46,16 +58,21 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
+import json
 import shutil
 import threading
 import zipfile
-from typing import Any, Iterator
 
 from ..checkpoint import NonFiniteStateError
 from .arrays import is_finite
+from .frozen import as_host_array, copy_into, freeze, host_copy, nbytes_of, view
+from .layout import SnapshotLayout
 
 __all__ = ["ModelSnapshot", "SnapshotBuffers"]
+
+#: Bytes h5py is handed at a time when the writer writes an array.
+_SLICE_BYTES = 4 << 20
+
 
 class SnapshotBuffers:
     """Host arrays kept between the snapshots of one run, reused by the next.
@@ -96,65 +113,87 @@ class SnapshotBuffers:
 
 
 class ModelSnapshot:
-    """The state ``model.save`` would write, copied to host memory.
+    """The state ``model.save`` would write, as of a batch boundary.
 
     Attributes:
         nbytes: Bytes of array data held.
+        layout: The save walk it was taken with (reusable by the next
+            snapshot of the same model if `SnapshotLayout.fits` it).
     """
 
-    def __init__(self, config_json: str, metadata_json: str, entries: list, assets_dir: str | None,
-                 arrays: list | None = None, buffers: SnapshotBuffers | None = None):
-        self._config_json = config_json
+    def __init__(self, config, metadata_json: str, entries: list, assets_dir: str | None,
+                 arrays: list | None = None, buffers: SnapshotBuffers | None = None,
+                 layout: SnapshotLayout | None = None):
+        self._config = config  # the serialized model (a dict), or its JSON
         self._metadata_json = metadata_json
-        self._entries = entries  # [(inner path, metadata, [(key, ndarray or value)])]
+        self._entries = entries  # [(inner path, metadata, [(key, frozen value)])]
         self._assets_dir = assets_dir
-        self._arrays = arrays or []  # the reusable arrays among the values, in order
+        self._arrays = arrays or []  # the reusable host arrays among the values, in order
         self._buffers = buffers
-        self.nbytes = sum(getattr(value, "nbytes", 0) for _p, _m, items in entries for _k, value in items)
+        self.layout = layout
+        #: Called with the seconds each slice of the write took (a writer
+        #: thread sets it to pace itself); None: no pause.
+        self.pace = None
+        self.nbytes = sum(nbytes_of(value) for _p, _m, items in entries for _k, value in items)
 
     @classmethod
-    def take(cls, model, buffers: SnapshotBuffers | None = None, copy: bool = True) -> "ModelSnapshot":
-        """Copies the state of `model` (call it on the training thread).
+    def take(cls, model, buffers: SnapshotBuffers | None = None, copy: bool = True,
+             layout: SnapshotLayout | None = None) -> "ModelSnapshot":
+        """Takes the state of `model` (call it on the training thread).
 
         Args:
             model: The model, its state up to date (`keras_state.sync_model_state`).
-            buffers: Arrays to copy into, kept from the previous snapshot
-                (and given back when this one is released). None: new
-                arrays, dropped with the snapshot.
-            copy: False: keep views of the variables' buffers instead of
-                copies (no memory, no time), for a snapshot written while
-                the training thread waits: the model must not change
-                until the snapshot is saved and released.
+            buffers: Host arrays to copy every variable into, kept from the
+                previous snapshot (and given back when this one is
+                released). None: each value is kept the backend's cheapest
+                way (`frozen.freeze`), else copied into new arrays.
+            copy: False: keep views of the variables' buffers instead (no
+                memory, no time), for a snapshot written while the training
+                thread waits: the model must not change until the snapshot
+                is saved and released.
+            layout: The walk of an earlier snapshot of `model`, reused if it
+                still fits (`SnapshotLayout.fits`); otherwise the model is
+                walked now.
 
         Raises:
             Exception: Whatever ``model.save`` would raise for a model that
                 cannot be saved (an unserializable config, say).
         """
-        from keras.src.saving import saving_lib
+        from keras.src.backend.common.variables import Variable as KerasVariable
 
-        config_json, metadata_json = saving_lib._serialize_model_as_json(model)
-        recorder = _RecordingStore(buffers.borrow() if buffers is not None and copy else [], copy)
-        assets = saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=None, mode="w")
+        if layout is None or not layout.fits(model):
+            layout = SnapshotLayout.walk(model)
+        kept = buffers.borrow() if buffers is not None and copy else []
+        arrays: list = []
+        entries = []
         try:
-            with _optimizers_hand_variables(model):
-                saving_lib._save_state(model, weights_store=recorder, assets_store=assets, inner_path="",
-                                       visited_saveables=set())
+            config, metadata = layout.config(model)
+            for inner_path, metadata_of, items in layout.entries:
+                values = []
+                for key, value in items:
+                    if isinstance(value, KerasVariable):  # else a host copy of the walk's own
+                        value = _value_of(value, copy, buffers is not None, kept, arrays)
+                    values.append((key, value))
+                entries.append((inner_path, metadata_of, values))
         except BaseException:
-            shutil.rmtree(assets.tmp_dir, ignore_errors=True)
             if buffers is not None and copy:
-                buffers.give_back(recorder.arrays)
+                buffers.give_back(arrays + kept[len(arrays):])
+            if not layout.reusable and layout.assets_dir is not None:
+                shutil.rmtree(layout.assets_dir, ignore_errors=True)
             raise
-        return cls(config_json, metadata_json, recorder.entries, assets.tmp_dir, recorder.arrays,
-                   buffers if copy else None)
+        assets = None if layout.reusable else layout.assets_dir  # a walk of this snapshot's own
+        return cls(config, metadata, entries, assets, arrays, buffers if copy and buffers is not None else None,
+                   layout)
 
     def non_finite(self) -> list[str]:
         """The variables holding a NaN or an infinity (``layers/dense/vars/0``);
-        one vectorised pass over the copy's floating-point arrays."""
+        one vectorised pass over each floating-point value on the host (a
+        device value comes to the host for it, on the writer thread)."""
         return [f"{inner_path}/{key}".strip("/") for inner_path, _metadata, items in self._entries
-                for key, value in items if not is_finite(value)]
+                for key, value in items if not is_finite(as_host_array(value))]
 
     def save(self, path) -> None:
-        """Writes the ``.keras`` file at `path` (a new file), from the copy.
+        """Writes the ``.keras`` file at `path` (a new file), from the snapshot.
 
         Raises:
             NonFiniteStateError: Before writing anything, if a variable
@@ -165,16 +204,17 @@ class ModelSnapshot:
         bad = self.non_finite()
         if bad:
             raise NonFiniteStateError(bad)
-
+        config = self._config if isinstance(self._config, str) else json.dumps(self._config)
         with open(path, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
             archive.writestr(saving_lib._METADATA_FILENAME, self._metadata_json)
-            archive.writestr(saving_lib._CONFIG_FILENAME, self._config_json)
+            archive.writestr(saving_lib._CONFIG_FILENAME, config)
             store = _WeightsStore(saving_lib._VARS_FNAME_H5, archive=archive, mode="w")
+            store.pace = self.pace
             try:
                 for inner_path, metadata, items in self._entries:
                     store.make(inner_path, metadata=metadata)
                     for key, value in items:
-                        store[key] = value
+                        store[key] = as_host_array(value)
             except BaseException:
                 store.archive = None  # do not add a half-made weights file
                 raise
@@ -186,8 +226,8 @@ class ModelSnapshot:
                 )
 
     def release(self) -> None:
-        """Drops the copy (and any assets folder), handing its arrays back
-        to its `SnapshotBuffers` if it has one. Idempotent."""
+        """Drops the values (and any assets folder), handing its host arrays
+        back to its `SnapshotBuffers` if it has one. Idempotent."""
         self._entries = []
         arrays, self._arrays = self._arrays, []
         if self._buffers is not None and arrays:
@@ -197,139 +237,23 @@ class ModelSnapshot:
             shutil.rmtree(assets, ignore_errors=True)
 
 
-def _host_copy(value: Any) -> Any:
-    """A host copy of `value` that later training cannot change."""
-    import keras
-    import numpy as np
-
-    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
-        return value
-    fresh = isinstance(value, np.ndarray) or np.isscalar(value)  # read by the saveable itself (``.numpy()``)
-    array = value if fresh else keras.ops.convert_to_numpy(value)
-    if keras.backend.backend() == "tensorflow":
-        return array  # a read of a TF variable is a copy already (copy-on-write buffers)
-    return np.array(array, copy=True)  # torch and JAX reads may share the variable's buffer
-
-
-def _variable_view(variable) -> Any:
-    """The value of a Keras variable as a numpy array, without a copy where
-    the backend allows (CPU); None where there is no such view (another
-    dtype than numpy's, a tensor on no host, an unknown backend)."""
-    import keras
-    import numpy as np
-
-    backend = keras.backend.backend()
-    value = variable.value
-    try:
-        if backend == "torch":
-            view = value.detach().cpu().numpy()  # shares the CPU tensor's memory
-        elif backend == "tensorflow":
-            from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
-
-            if isinstance(value, BaseResourceVariable):  # not a distributed one: those read through their own path
-                value = value.read_value()  # shares the variable's buffer (copy-on-write)
-            view = np.asarray(value)  # a view of the tensor read on CPU
-        elif backend in ("jax", "numpy"):
-            view = np.asarray(value)  # a view of the buffer on CPU
-        else:
-            return None
-    except (TypeError, ValueError, RuntimeError):  # bfloat16 and others numpy lacks
-        return None
-    if not isinstance(view, np.ndarray) or view.dtype == object or tuple(view.shape) != tuple(variable.shape):
-        return None
-    return view
-
-
-@contextlib.contextmanager
-def _optimizers_hand_variables(model) -> Iterator[None]:
-    """While a snapshot walks `model`: its optimizers that keep Keras's own
-    ``save_own_variables`` give the store their variables, in the same
-    order under the same keys, rather than a fresh ``numpy()`` copy of each
-    (which the store copies into its reused arrays instead). Restored after."""
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-
-    patched = []
-    seen = set()
-    optimizer = getattr(model, "optimizer", None)
-    while isinstance(optimizer, BaseOptimizer) and id(optimizer) not in seen:
-        seen.add(id(optimizer))
-        if type(optimizer).save_own_variables is BaseOptimizer.save_own_variables \
-                and "save_own_variables" not in vars(optimizer):
-            object.__setattr__(optimizer, "save_own_variables", _handing_variables(optimizer))
-            patched.append(optimizer)
-        optimizer = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's
-    try:
-        yield
-    finally:
-        for optimizer in patched:
-            object.__delattr__(optimizer, "save_own_variables")
-
-
-def _handing_variables(optimizer):
-    def save_own_variables(store):
-        for i, variable in enumerate(optimizer.variables):  # BaseOptimizer.save_own_variables, without numpy()
-            store[str(i)] = variable
-    return save_own_variables
-
-
-def _make_recording_store():
-    import numpy as np
-    from keras.src.backend.common.variables import Variable as KerasVariable
-    from keras.src.saving import saving_lib
-
-    class RecordingStore(saving_lib.H5IOStore):
-        """Takes what Keras's save walk writes, keeping host copies (no file).
-
-        A Keras variable is copied once, through a view of its buffer, into
-        the next of `kept` (arrays of an earlier snapshot) when its shape and
-        dtype match, else into a new array; those arrays are `arrays`.
-        """
-
-        def __init__(self, kept: list, copy: bool = True):  # noqa: D401 - no file: H5IOStore's __init__ is not called
-            self.mode = "w"
-            self.entries: list = []
-            self.arrays: list = []
-            self._kept = kept
-            self._copy = copy
-
-        def make(self, path, metadata=None):
-            self.entries.append((path, metadata, []))
-            return self
-
-        def __setitem__(self, key, value):
-            view = _variable_view(value) if isinstance(value, KerasVariable) else None
-            if view is None:
-                copy = _host_copy(value)
-            elif not self._copy:
-                copy = view  # the model waits until this snapshot is written
-            else:
-                index = len(self.arrays)
-                kept = self._kept[index] if index < len(self._kept) else None
-                if kept is not None and kept.shape == view.shape and kept.dtype == view.dtype:
-                    copy = kept
-                else:
-                    copy = np.empty(view.shape, view.dtype)
-                np.copyto(copy, view)
-                self.arrays.append(copy)
-            self.entries[-1][2].append((key, copy))
-
-        def __bool__(self):
-            return True
-
-        def close(self):
-            pass
-
-    return RecordingStore
-
-
-_RECORDING_STORE = None
-
-
-def _RecordingStore(kept: list, copy: bool = True):
-    global _RECORDING_STORE
-    if _RECORDING_STORE is None:
-        _RECORDING_STORE = _make_recording_store()
-    return _RECORDING_STORE(kept, copy)
+def _value_of(variable, copy: bool, into_buffers: bool, kept: list, arrays: list):
+    """A Keras variable's value for a snapshot: a view (``copy=False``), a
+    host copy into the next kept array (`into_buffers`), or frozen the
+    backend's way, else a new host copy."""
+    if not copy:
+        found = view(variable)
+        return found if found is not None else host_copy(variable)
+    if not into_buffers:
+        found = freeze(variable)
+        if found is not None:
+            return found
+    index = len(arrays)
+    copied = copy_into(variable, kept[index] if index < len(kept) else None)
+    if copied is None:
+        return host_copy(variable)
+    arrays.append(copied)
+    return copied
 
 
 def _make_weights_store():
@@ -360,7 +284,23 @@ def _make_weights_store():
                 return super().__setitem__(key, value)
             if not self._h5_entry_initialized:
                 self._create_h5_group(self._h5_entry_path)
-            self._h5_entry_group[key] = value
+            group = self._h5_entry_group
+            if value.nbytes <= _SLICE_BYTES or value.ndim == 0 or value.shape[0] < 2:
+                group[key] = value
+                return
+            # The same dataset, written in slices: h5py holds the interpreter
+            # lock while it copies, and training threads need it between steps.
+            dataset = group.create_dataset(key, shape=value.shape, dtype=value.dtype)
+            rows = max(1, _SLICE_BYTES // max(1, value.nbytes // value.shape[0]))
+            for start in range(0, value.shape[0], rows):
+                begin = time.perf_counter()
+                dataset[start:start + rows] = value[start:start + rows]
+                self._paced(time.perf_counter() - begin)
+
+        def _paced(self, seconds):
+            pace = getattr(self, "pace", None)
+            if pace is not None:
+                pace(seconds)
 
         def close(self):
             if not _LEAN_WRITE:
@@ -374,8 +314,10 @@ def _make_weights_store():
                     info.external_attr = 0o600 << 16  # as ZipFile.writestr
                     info.file_size = len(buffer)
                     with self.archive.open(info, "w") as entry:
-                        for start in range(0, len(buffer), 1 << 24):
-                            entry.write(buffer[start:start + (1 << 24)])
+                        for start in range(0, len(buffer), _SLICE_BYTES):
+                            begin = time.perf_counter()
+                            entry.write(buffer[start:start + _SLICE_BYTES])
+                            self._paced(time.perf_counter() - begin)
                 finally:
                     buffer.release()
             if self.io_file:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from types import FrameType
 from typing import Callable
 
@@ -38,7 +39,8 @@ def on_stack(thread_id: int, wanted: FrameType | None) -> bool:
     """True while `wanted` is on the stack of the thread `thread_id`."""
     if wanted is None:
         return False
-    frame = sys._current_frames().get(thread_id)
+    # This thread's own stack needs no snapshot of every thread's.
+    frame = sys._getframe() if thread_id == threading.get_ident() else sys._current_frames().get(thread_id)
     while frame is not None:
         if frame is wanted:
             return True

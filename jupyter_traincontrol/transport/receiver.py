@@ -73,6 +73,9 @@ class CommandChannel:
         self._on_rejected = on_rejected or (lambda rejected: None)
         self._on_notice = on_notice or (lambda text: None)
         self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        #: Called (from the thread that queued it) after each request is
+        #: queued: the driver of the training is told a command waits.
+        self.on_request: Callable[[], None] | None = None
         self._closed = threading.Event()
         self._thread = threading.Thread(
             target=self._run_reader, name=f"traincontrol-reader-{name}", daemon=True
@@ -110,6 +113,7 @@ class CommandChannel:
         """Queues a request directly, for an in-process sender whose write
         to the channel failed."""
         self._queue.put(parse_request(request))
+        self._tell()
 
     def start(self) -> "CommandChannel":
         """Starts the reader thread. Returns self."""
@@ -130,8 +134,14 @@ class CommandChannel:
         for result in results:
             if isinstance(result, Request):
                 self._queue.put(result)
+                self._tell()
             else:
                 self._on_rejected(result)
+
+    def _tell(self) -> None:
+        told = self.on_request
+        if told is not None:
+            told()
 
     def _run_reader(self) -> None:
         interval = self._health_check_seconds

@@ -25,7 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ..protocol import Command, Request, parse_request
+from ..protocol import WAITED_ID_MARK, Command, Request, parse_request
 from ..system.private_fs import UnsafePathError, check_private
 
 __all__ = ["ChannelError", "NotListeningError", "deliver", "with_id"]
@@ -39,7 +39,7 @@ class NotListeningError(ChannelError):
     """Nobody reads the channel: the run has ended or its process is gone."""
 
 
-def with_id(request: str | Command | Request, sender: str | None) -> Request:
+def with_id(request: str | Command | Request, sender: str | None, waited: bool = False) -> Request:
     """`request` parsed (once), with a fresh id ``SENDER-<hex>`` unless it has one.
 
     Args:
@@ -55,7 +55,8 @@ def with_id(request: str | Command | Request, sender: str | None) -> Request:
     if not isinstance(request, Request):  # parsed once: a request passed on is not parsed again
         request = parse_request(request)
     if request.request_id is None and sender is not None:
-        request = dataclasses.replace(request, request_id=f"{sender[:12]}-{uuid.uuid4().hex[:12]}")
+        mark = WAITED_ID_MARK if waited else "-"
+        request = dataclasses.replace(request, request_id=f"{sender[:12]}{mark}{uuid.uuid4().hex[:12]}")
     return request
 
 

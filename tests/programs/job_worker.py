@@ -2,6 +2,7 @@
 
     python job_worker.py PROCESS NUM_PROCESSES PORT NAME CHECKPOINT_DIR LOG [--epochs N] [--batch-sleep S]
                          [--lost-after S] [--no-preemption-service] [--resume] [--end-work PROCESS:S ...]
+                         [--async-hooks]
 
 Appends one JSON line per event to LOG.PROCESS: each command this process
 applied with the batch boundary it applied it at, its final state as its
@@ -34,6 +35,8 @@ parser.add_argument("--no-preemption-service", action="store_true", help="SIGTER
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--end-work", action="append", default=[], metavar="PROCESS:SECONDS",
                     help="that process works this long at the end of the last epoch, before the control's hook")
+parser.add_argument("--async-hooks", action="store_true",
+                    help="every callback async-safe: Keras runs batch-end hooks on its pool, the training thread runs ahead")
 args = parser.parse_args()
 
 import jax  # noqa: E402
@@ -75,6 +78,8 @@ def note(lifecycle, event):
 
 
 class Pace(keras.callbacks.Callback):
+    async_safe = args.async_hooks
+
     def __init__(self):
         super().__init__()
         self.ready = False

@@ -1,0 +1,171 @@
+"""A variable's value as of now, kept without holding training: each backend's cheapest way.
+
+A snapshot taken at a batch boundary must keep the values of that boundary
+while training goes on, until its writer thread has written them. What
+that costs the training thread depends on how the backend updates state:
+
+- TensorFlow: a variable's buffer is copy-on-write. A read of it
+  (``read_value``: no copy) is a tensor that later updates cannot change:
+  the first update after it copies the buffer first, on the device, inside
+  the step (that is what the snapshot costs training: one copy of each
+  variable the step updates, made by the runtime; `freeze` itself is a
+  few microseconds a variable).
+- JAX: arrays are immutable; the trainer's next step donates its state's
+  buffers to the new state. On the CPU a host view of an array (no copy)
+  keeps its buffer alive, and XLA then gives the step fresh buffers
+  instead of reusing it (the step allocates what donation would have
+  saved). On an accelerator, a device-side copy (queued, not waited for:
+  the device copies in device memory, at its own speed), which the writer
+  thread brings to the host.
+- torch (and anything else): variables are updated in place, so the value
+  is copied (`copy_into`), into host arrays the run reuses from one
+  snapshot to the next (`SnapshotBuffers`), or on the device for a CUDA
+  tensor.
+
+`view` is the other case: a value read without a copy for a writer the
+training thread waits for (a ``stop``'s checkpoint).
+
+Keras and numpy are imported lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["freeze", "view", "copy_into", "host_copy", "copies_in_place", "as_host_array", "nbytes_of"]
+
+
+def copies_in_place() -> bool:
+    """True where a snapshot must copy every variable (the backend updates
+    them in place): torch, and backends not known here."""
+    import keras
+
+    return keras.backend.backend() not in ("tensorflow", "jax")
+
+
+def freeze(variable) -> Any:
+    """The value of a Keras variable now, which later training steps do not
+    change, taken without a host copy where the backend allows (see the
+    module's docstring); None where it does not (the caller copies)."""
+    import keras
+
+    backend = keras.backend.backend()
+    value = variable.value
+    if backend == "tensorflow":
+        from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+        if isinstance(value, BaseResourceVariable) and type(value).read_value is BaseResourceVariable.read_value:
+            import tensorflow as tf
+
+            # The op itself (17 us; read_value() wraps it in 60 us more): copy-on-write, the buffer as of now.
+            return tf.raw_ops.ReadVariableOp(resource=value.handle, dtype=value.dtype)
+        return None  # a distributed variable: read through its own path, copied
+    if backend == "jax":
+        import jax
+
+        if not isinstance(value, jax.Array) or value.is_deleted():
+            return None
+        devices = value.sharding.device_set
+        if len(devices) == 1 and next(iter(devices)).platform == "cpu":
+            import numpy as np
+
+            return np.asarray(value)  # a view: the buffer is kept, not donated
+        if value.is_fully_addressable:
+            return value.copy()  # on the device, queued (the next step donates the original)
+        return None
+    if backend == "torch":
+        import torch
+
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            return value.detach().clone()  # on the device, queued on its stream
+    return None
+
+
+def view(variable) -> Any:
+    """The value of a Keras variable as a numpy array, without a copy where
+    the backend allows (CPU); None where there is no such view (another
+    dtype than numpy's, a tensor on no host, an unknown backend). Valid
+    only while the variable does not change."""
+    import keras
+    import numpy as np
+
+    backend = keras.backend.backend()
+    value = variable.value
+    try:
+        if backend == "torch":
+            found = value.detach().cpu().numpy()  # shares the CPU tensor's memory
+        elif backend == "tensorflow":
+            from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+            if isinstance(value, BaseResourceVariable):  # not a distributed one: those read through their own path
+                import tensorflow as tf
+
+                value = tf.raw_ops.ReadVariableOp(resource=value.handle, dtype=value.dtype)  # shares the buffer
+            found = np.asarray(value)  # a view of the tensor read on CPU
+        elif backend in ("jax", "numpy"):
+            found = np.asarray(value)  # a view of the buffer on CPU
+        else:
+            return None
+    except (TypeError, ValueError, RuntimeError):  # bfloat16 and others numpy lacks
+        return None
+    if not isinstance(found, np.ndarray) or found.dtype == object or tuple(found.shape) != tuple(variable.shape):
+        return None
+    return found
+
+
+def copy_into(variable, kept) -> Any:
+    """A host copy of a Keras variable's value, into `kept` (an array of an
+    earlier snapshot) when its shape and dtype match; None if the variable
+    has no host view (the caller copies it another way)."""
+    import numpy as np
+
+    found = view(variable)
+    if found is None:
+        return None
+    if kept is None or kept.shape != found.shape or kept.dtype != found.dtype:
+        kept = np.empty(found.shape, found.dtype)
+    np.copyto(kept, found)
+    return kept
+
+
+def host_copy(value: Any) -> Any:
+    """A host copy of `value` that later training cannot change."""
+    import keras
+    import numpy as np
+
+    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
+        return value
+    fresh = isinstance(value, np.ndarray) or np.isscalar(value)  # read by the saveable itself (``.numpy()``)
+    array = value if fresh else keras.ops.convert_to_numpy(value)
+    if keras.backend.backend() == "tensorflow":
+        return array  # a read of a TF variable is a copy already (copy-on-write buffers)
+    return np.array(array, copy=True)  # torch and JAX reads may share the variable's buffer
+
+
+def as_host_array(value: Any) -> Any:
+    """A frozen value as a host numpy array (on the writer thread: a device
+    value comes to the host here); other values as they are."""
+    import numpy as np
+
+    if isinstance(value, (np.ndarray, str, bytes, int, float, bool)) or value is None or np.isscalar(value):
+        return value
+    if hasattr(value, "detach"):  # a torch tensor
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def nbytes_of(value: Any) -> int:
+    """Bytes of array data in a frozen value (0 for plain values)."""
+    import numpy as np
+
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    try:
+        itemsize = np.dtype(getattr(dtype, "as_numpy_dtype", dtype)).itemsize
+    except TypeError:
+        itemsize = getattr(value, "element_size", lambda: 0)()
+    count = 1
+    for size in tuple(shape):
+        count *= int(size)
+    return count * itemsize
