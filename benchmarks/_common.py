@@ -223,6 +223,35 @@ def print_summary(text: str) -> None:
     print(f"{SUMMARY_PREFIX} {text}", flush=True)
 
 
+def run_per_backend(script: str, argv: Sequence[str], backends: Sequence[str]) -> list[str] | int:
+    """Runs benchmark `script` once per backend, each in a new process with
+    ``--backend`` and ``KERAS_BACKEND`` set, passing its output through.
+
+    Returns:
+        Each run's summary line, without `SUMMARY_PREFIX` and its own
+        ``label: `` (in the order of `backends`); or, if a run failed, its
+        exit status (after saying so on stderr).
+    """
+    import subprocess
+
+    argv = [arg for index, arg in enumerate(argv)
+            if not arg.startswith("--backend") and not (index and argv[index - 1] == "--backend")]
+    summaries = []
+    for backend in backends:
+        print(f"\n=== backend: {backend} ===", flush=True)
+        child = subprocess.run([sys.executable, script, *argv, "--backend", backend], text=True,
+                               stdout=subprocess.PIPE, env={**os.environ, "KERAS_BACKEND": backend})
+        lines = child.stdout.splitlines()
+        print("\n".join(line for line in lines if not line.startswith(SUMMARY_PREFIX)), flush=True)
+        if child.returncode:
+            print(f"{os.path.basename(script)} --backend {backend} failed (exit status {child.returncode}).",
+                  file=sys.stderr)
+            return child.returncode
+        summaries += [line[len(SUMMARY_PREFIX):].strip().split(": ", 1)[-1] for line in lines
+                      if line.startswith(SUMMARY_PREFIX)]
+    return summaries
+
+
 def dense_model(inputs: int, widths: Sequence[int], outputs: int = 1, *, bias: bool = True, seed: int = 0):
     """A compiled MLP (relu hidden layers, Adam, MSE).
 

@@ -55,7 +55,6 @@ import cProfile
 import math
 import os
 import pstats
-import subprocess
 import sys
 import threading
 import time
@@ -379,19 +378,9 @@ PEER_BACKENDS = ("tensorflow", "jax")
 def run_peers(args, argv) -> int:
     """``--peers``: each backend in its own process (``--backend all``), or this one."""
     if args.backend == "all":
-        argv = [a for i, a in enumerate(argv) if not a.startswith("--backend") and not (i and argv[i - 1] == "--backend")]
-        summaries = []
-        for backend in PEER_BACKENDS:
-            print(f"\n=== backend: {backend} ===", flush=True)
-            child = subprocess.run([sys.executable, __file__, *argv, "--backend", backend], text=True,
-                                   stdout=subprocess.PIPE, env={**os.environ, "KERAS_BACKEND": backend})
-            lines = child.stdout.splitlines()
-            print("\n".join(line for line in lines if not line.startswith(_common.SUMMARY_PREFIX)), flush=True)
-            if child.returncode:
-                print(f"checkpoint_cost.py --peers --backend {backend} failed (exit status {child.returncode}).",
-                      file=sys.stderr)
-                return child.returncode
-            summaries += [line.split(": ", 1)[1] for line in lines if line.startswith(_common.SUMMARY_PREFIX)]
+        summaries = _common.run_per_backend(__file__, argv, PEER_BACKENDS)
+        if isinstance(summaries, int):
+            return summaries
         _common.print_summary("checkpoint_cost: " + " | ".join(summaries) + " (goal: held <= 1.00x the peer, "
                               "during write <= 1.1x)")
         return 0

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -200,18 +199,9 @@ def main(argv=None) -> int:
     args.save_rounds = args.save_rounds or (1 if args.quick else 2)
     if args.backend != "all":
         return run_backend(args)
-    argv = [a for i, a in enumerate(argv) if not a.startswith("--backend") and not (i and argv[i - 1] == "--backend")]
-    summaries = []
-    for backend in BACKENDS:
-        print(f"\n=== backend: {backend} ===", flush=True)
-        child = subprocess.run([sys.executable, __file__, *argv, "--backend", backend], text=True,
-                               stdout=subprocess.PIPE, env={**os.environ, "KERAS_BACKEND": backend})
-        lines = child.stdout.splitlines()
-        print("\n".join(line for line in lines if not line.startswith(_common.SUMMARY_PREFIX)), flush=True)
-        if child.returncode:
-            print(f"gpu.py --backend {backend} failed (exit status {child.returncode}).", file=sys.stderr)
-            return child.returncode
-        summaries += [line.split("gpu: ", 1)[1] for line in lines if line.startswith(_common.SUMMARY_PREFIX)]
+    summaries = _common.run_per_backend(__file__, argv, BACKENDS)
+    if isinstance(summaries, int):
+        return summaries
     _common.print_summary("gpu: " + " | ".join(summaries))
     return 0
 

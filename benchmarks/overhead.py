@@ -159,22 +159,6 @@ def hook_cost(model, x, y, callbacks: dict, calls: int) -> dict[str, float]:
     return costs
 
 
-def fixed_cost(model, x, y, make_callbacks, rounds: int) -> float:
-    """Median extra seconds of a 2-batch fit with the callbacks over one without."""
-
-    def timed(callbacks):
-        def run():
-            chosen = callbacks()
-            begin = time.perf_counter()
-            model.fit(x[:BATCH_SIZE * 2], y[:BATCH_SIZE * 2], batch_size=BATCH_SIZE, epochs=1, verbose=0, callbacks=chosen)
-            return time.perf_counter() - begin
-
-        return run
-
-    times = _common.alternate({"plain": timed(lambda: []), "ours": timed(make_callbacks)}, rounds)
-    return _common.median([ours - plain for ours, plain in zip(times["ours"], times["plain"])])
-
-
 def short_fits(model, x, y, make_fresh, reused, rounds: int) -> dict[str, float]:
     """Median extra seconds of a 2-batch fit: with one `ControlCallback`
     reused for every fit, and with a new one each time, over plain fits

@@ -243,7 +243,8 @@ def test_a_command_that_reaches_the_job_after_a_peer_ended_fit_is_answered_at_on
     its work), the save is answered at once, not applied (the job cannot
     agree on it: no 60 s wait for an acknowledgement that cannot come, no
     error raised into fit), and the job ends as it trained: finished."""
-    job = jobs(tmp_path, 2, "late", "--epochs", "2", "--batch-sleep", "0", "--end-work", "0:5")
+    # No end checkpoint: every process takes part in it, so process 1 would not end before process 0's work.
+    job = jobs(tmp_path, 2, "late", "--epochs", "2", "--batch-sleep", "0", "--end-work", "0:5", "--no-save-at-end")
     wait_until(lambda: any(e["kind"] == "end-work" for e in job.events(0)), timeout=120, message="process 0's end work")
     wait_until(lambda: any(e["kind"] == "final" for e in job.events(1)), timeout=60, message="process 1 to end fit")
     started = time.monotonic()

@@ -78,7 +78,12 @@ class Agreement:
         self.acting_at: int | None = None
 
     def propose(self, request: Request) -> None:
-        """Proposes `request` to every process (any thread; does not wait)."""
+        """Proposes `request` to every process (any thread; does not wait).
+        If a process has already ended its `fit`, it is refused at once instead."""
+        ended = next((process for process in range(self.num_processes) if self._ended(process)), None)
+        if ended is not None and self.refused is not None:
+            self.refused(request, self._not_applied(ended))
+            return
         kv = self.coordination
         seq = kv.increment(kv.key("seq"), 1)
         line = str(request) + (f" #{request.request_id}" if request.request_id else "")
@@ -122,8 +127,11 @@ class Agreement:
             self.next_seq = seq + 1
         self._open()
         if ended and proposal.get("from") == self.process_id and self.refused is not None:
-            self.refused(request, f"process {ended[0]} of {self.num_processes} has ended fit; the job did not apply it")
+            self.refused(request, self._not_applied(ended[0]))
         return True
+
+    def _not_applied(self, ended: int) -> str:
+        return f"process {ended} of {self.num_processes} has ended fit; the job did not apply it"
 
     def _word_of(self, process: int, seq: int, request: Request) -> str | None:
         """Where `process` can apply proposal `seq`; None if it has ended its `fit`."""

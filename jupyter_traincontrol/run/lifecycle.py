@@ -8,16 +8,13 @@ narrow job:
 - `channel`: the command channel (a FIFO), read by its own thread;
 - `states`: the `StateMachine`, moved only along the transition table;
 - `journal`: the log of events, acknowledgements and changes;
-- `history`: the loss per batch and each epoch's logs, for the charts;
-- the progress that the driver of the training reports (`follow`);
-- the record (`build_record`), written at once on a state change or an
-  answered command, else at most about twice a second, by its own
-  `publisher` thread.
+- `history` (the loss per batch, each epoch's logs) and the progress the
+  training's driver reports (`follow`);
+- the record (`build_record`): written at once on a state change or an
+  answered command, else at most twice a second, by its `publisher` thread.
 
-Other parts get the part they need: the boundary layer logs to `journal`
-and moves `states`; the run never reads training state back out of itself.
-The same object serves `ControlCallback` in a script, `TrainLoop`, and
-`TrainingRun` in a notebook.
+Other parts get the part they need (the boundary layer logs to `journal`
+and moves `states`). It serves `ControlCallback`, `TrainLoop` and `TrainingRun`.
 
 Example:
 

@@ -2,7 +2,7 @@
 
     python job_worker.py PROCESS NUM_PROCESSES PORT NAME CHECKPOINT_DIR LOG [--epochs N] [--batch-sleep S]
                          [--lost-after S] [--no-preemption-service] [--resume] [--end-work PROCESS:S ...]
-                         [--async-hooks]
+                         [--async-hooks] [--no-save-at-end]
 
 Appends one JSON line per event to LOG.PROCESS: each command this process
 applied with the batch boundary it applied it at, its final state as its
@@ -35,6 +35,8 @@ parser.add_argument("--no-preemption-service", action="store_true", help="SIGTER
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--end-work", action="append", default=[], metavar="PROCESS:SECONDS",
                     help="that process works this long at the end of the last epoch, before the control's hook")
+parser.add_argument("--no-save-at-end", action="store_true",
+                    help="no checkpoint when fit ends (in a job every process takes part in it, so none ends first)")
 parser.add_argument("--async-hooks", action="store_true",
                     help="every callback async-safe: Keras runs batch-end hooks on its pool, the training thread runs ahead")
 args = parser.parse_args()
@@ -65,6 +67,7 @@ model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
 
 log = open(f"{args.log}.{args.process}", "a", buffering=1)
 control = ControlCallback(name=args.name, checkpoint_dir=args.checkpoint_dir, resume=args.resume, verbose=False,
+                          save_at_end=not args.no_save_at_end,
                           job=current_job(lost_after=args.lost_after, exit_grace=args.exit_grace))
 
 
