@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             for r in results]
     print("\nratio: median of the per-round ratios to the plain loop; part: 1 + one item's boundary / a plain step")
     _common.print_table(["loop", "hidden", "items", "ms/step", "us/item", "part ratio", "wall ratio", "CPU ratio"], rows)
-    _common.print_summary("loop overhead: " + "; ".join(
+    _common.print_summary("loop_overhead: " + "; ".join(
         f"{r['kind']} TrainLoop {r['part']:.3f}x part by part ({r['per_item'] * 1e6:.1f} us/item), whole loops "
         f"{r['wall']:.3f}x wall {r['cpu']:.3f}x CPU ({r['step_ms']:.2f} ms/step)" for r in results)
         + f" (goal <= {GOAL_RATIO}x)")

@@ -410,7 +410,8 @@ def test_plain_ipython_terminal_gets_a_text_summary(tmp_path, runtime_dir):
     assert "[traincontrol] term: running" in result.stdout
     assert "[traincontrol] term: finished" in result.stdout
     assert "'finished'" in result.stdout
-    assert "dict_keys(['text/plain'])" in result.stdout
+    # Text and the run's own mime type (the view after a restart); no widget view in a terminal.
+    assert "dict_keys(['text/plain', 'application/vnd.jupyter-traincontrol.run+json'])" in result.stdout
 
 
 def test_loading_the_extension_does_not_import_keras():
