@@ -97,7 +97,7 @@ def test_on_jax_the_state_is_synced_per_command_not_per_batch(make_model, tmp_pa
         original = model.jax_state_sync
         model.jax_state_sync = lambda: (calls.append(1), original())[1]  # counts, then syncs
         control = ControlCallback(name=f"sync-{batches}-{len(commands_at)}", checkpoint_dir=tmp_path / "ck",
-                                  verbose=False)
+                                  verbose=False, save_at_end=False)  # only the commands' checkpoints (and syncs)
         senders = [At(0, at, lambda _: queue_command(control, "save"), hook="on_train_batch_begin")
                    for at in commands_at]
         x = np.random.default_rng(0).random((batches * BATCH, 3), dtype="float32")
