@@ -146,9 +146,10 @@ def test_save_writes_a_checkpoint_and_training_goes_on(tiny_data, ckpt):
     control = ControlCallback(name="k2save", checkpoint_dir=ckpt, verbose=False)
     history = fit(model, tiny_data, control, At(0, 5, lambda cb: queued(control, "save")))
     assert history.epoch == [0, 1, 2, 3] and control.state == "finished"
-    (checkpoint,) = control.checkpoints
+    checkpoint, at_end = control.checkpoints  # the save's, and the finished fit's (save_at_end)
     assert (read_sidecar(checkpoint)["reason"], read_sidecar(checkpoint)["global_step"]) == ("save", 7)
     assert iterations(k2.models.load_model(checkpoint)) == 7
+    assert (read_sidecar(at_end)["reason"], read_sidecar(at_end)["global_step"]) == ("end", iterations(model))
 
 
 def test_abort_ends_fit_without_a_checkpoint(tiny_data, ckpt):

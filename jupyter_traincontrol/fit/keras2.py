@@ -117,6 +117,7 @@ class Keras2Resumption:
         checkpoint: The checkpoint loaded, or None.
         differences: Sentences saying what will differ from an
             uninterrupted run (said in the run's log as warnings).
+        others: Always empty: a Keras 2 resume names no other runs.
     """
 
     def __init__(self, model, *, epoch: int = 0, message: str, resumed: bool, checkpoint: Checkpoint | None = None):
@@ -126,6 +127,7 @@ class Keras2Resumption:
         self.resumed = resumed
         self.checkpoint = checkpoint
         self.differences: list[str] = []
+        self.others: list[str] = []
         self._skipper: BatchSkipper | None = None
         self._previous_state: tuple | None = None  # the model's ``_training_state`` before, while ours is set
 
