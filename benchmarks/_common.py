@@ -225,7 +225,8 @@ def print_summary(text: str) -> None:
 
 def run_per_backend(script: str, argv: Sequence[str], backends: Sequence[str]) -> list[str] | int:
     """Runs benchmark `script` once per backend, each in a new process with
-    ``--backend`` and ``KERAS_BACKEND`` set, passing its output through.
+    ``--backend`` and ``KERAS_BACKEND`` set, passing its output through as
+    it comes (a summary line as ``BACKEND: its text``).
 
     Returns:
         Each run's summary line, without `SUMMARY_PREFIX` and its own
@@ -239,16 +240,19 @@ def run_per_backend(script: str, argv: Sequence[str], backends: Sequence[str]) -
     summaries = []
     for backend in backends:
         print(f"\n=== backend: {backend} ===", flush=True)
-        child = subprocess.run([sys.executable, script, *argv, "--backend", backend], text=True,
-                               stdout=subprocess.PIPE, env={**os.environ, "KERAS_BACKEND": backend})
-        lines = child.stdout.splitlines()
-        print("\n".join(line for line in lines if not line.startswith(SUMMARY_PREFIX)), flush=True)
-        if child.returncode:
+        child = subprocess.Popen([sys.executable, script, *argv, "--backend", backend], text=True,
+                                 stdout=subprocess.PIPE, env={**os.environ, "KERAS_BACKEND": backend})
+        for line in child.stdout:
+            if line.startswith(SUMMARY_PREFIX):
+                text = line[len(SUMMARY_PREFIX):].strip()
+                summaries.append(text.split(": ", 1)[-1])
+                print(f"{backend}: {text}", flush=True)
+            else:
+                print(line, end="", flush=True)
+        if child.wait() != 0:
             print(f"{os.path.basename(script)} --backend {backend} failed (exit status {child.returncode}).",
                   file=sys.stderr)
             return child.returncode
-        summaries += [line[len(SUMMARY_PREFIX):].strip().split(": ", 1)[-1] for line in lines
-                      if line.startswith(SUMMARY_PREFIX)]
     return summaries
 
 

@@ -237,25 +237,11 @@ def main(argv=None) -> int:
 def measure_all(argv: list[str]) -> int:
     """Runs this script once per backend, each in a new process, passing its
     output through; ends with one summary line of all backends."""
-    argv = [arg for index, arg in enumerate(argv)
-            if not arg.startswith("--backend") and not (index and argv[index - 1] == "--backend")]
-    summaries = {}
-    for backend in BACKENDS:
-        print(f"\n=== backend: {backend} ===", flush=True)
-        env = {**os.environ, "KERAS_BACKEND": backend}
-        child = subprocess.Popen([sys.executable, __file__, *argv, "--backend", backend], env=env,
-                                 stdout=subprocess.PIPE, text=True)
-        for line in child.stdout:
-            if line.startswith(_common.SUMMARY_PREFIX):
-                summaries[backend] = line[len(_common.SUMMARY_PREFIX):].strip()
-                print(f"{backend}: {summaries[backend]}", flush=True)
-            else:
-                print(line, end="", flush=True)
-        if child.wait() != 0:
-            print(f"overhead.py --backend {backend} failed (exit status {child.returncode}).", file=sys.stderr)
-            return child.returncode
+    summaries = _common.run_per_backend(__file__, argv, BACKENDS)
+    if isinstance(summaries, int):
+        return summaries
     parts = []
-    for backend, summary in summaries.items():
+    for backend, summary in zip(BACKENDS, summaries):
         estimate = re.search(r"ControlCallback ([0-9.]+)x part by part", summary)
         whole = re.search(r"whole fits \(wall, CPU\): ControlCallback ([0-9.]+)x ([0-9.]+)x", summary)
         no_op = re.search(r"no-op batch hook ([0-9.]+)x", summary)
