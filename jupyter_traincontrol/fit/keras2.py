@@ -44,6 +44,7 @@ import keras
 from ..checkpoint import Checkpoint, CheckpointStore, SkippedCheckpoint
 from ..state import Keras2State
 from .resume.batch_skipper import BatchSkipper
+from .resume.resumption import nothing_loaded
 
 __all__ = ["Keras2Hooks", "Keras2Resumption", "NOTICE", "announce", "resume_from_latest"]
 
@@ -178,9 +179,7 @@ def resume_from_latest(model, store: CheckpointStore, on_skip: Callable[[Skipped
     restored = store.restore_latest(Keras2State(model).restore, on_skip=on_skip)
     latest = restored.checkpoint
     if latest is None:
-        found = f"loads ({len(restored.skipped)} skipped)" if restored.skipped else "yet"
-        return Keras2Resumption(model, message=f"No checkpoint in {store.directory} {found}: starting from scratch.",
-                                resumed=False)
+        return Keras2Resumption(model, message=nothing_loaded(store, restored), resumed=False)
     position = latest.position
     resumption = Keras2Resumption(model, epoch=position.resume_epoch, message="", resumed=True, checkpoint=latest)
     resumption.start_at(position.resume_epoch)

@@ -29,7 +29,7 @@ from .batch_skipper import BatchSkipper, can_skip_batches
 from .data_order import DataOrder
 from .sources import ResumeSource, ResumeSourceError, describe_others
 
-__all__ = ["Resumption", "resume_from_latest", "resume_from_source"]
+__all__ = ["Resumption", "nothing_loaded", "resume_from_latest", "resume_from_source"]
 
 
 class Resumption:
@@ -104,9 +104,8 @@ def resume_from_latest(
     restored = store.restore_latest(KerasState(model).restore, on_skip=on_skip)
     latest = restored.checkpoint
     if latest is None:
-        found = f"loads ({len(restored.skipped)} skipped)" if restored.skipped else "yet"
-        nothing = Resumption(model, message=f"No checkpoint in {store.directory} {found}: starting from scratch.",
-                             resumed=False)
+        found = _found(restored)
+        nothing = Resumption(model, message=nothing_loaded(store, restored), resumed=False)
         others = store.scan()
         nothing.others = sorted({checkpoint.run for checkpoint in others.checkpoints} - {store.run})
         if nothing.others:
@@ -118,6 +117,16 @@ def resume_from_latest(
             )
         return nothing
     return _continue_at(model, latest, store.directory.name, data_order, on_skipped)
+
+
+def nothing_loaded(store: CheckpointStore, restored) -> str:
+    """The sentence of a resume that loaded nothing from `store` (`restored`:
+    its `restore_latest`, with the checkpoints it skipped)."""
+    return f"No checkpoint in {store.directory} {_found(restored)}: starting from scratch."
+
+
+def _found(restored) -> str:
+    return f"loads ({len(restored.skipped)} skipped)" if restored.skipped else "yet"
 
 
 def resume_from_source(
