@@ -314,3 +314,24 @@ def test_a_torch_loop_imports_neither_keras_nor_tensorflow(tmp_path):
                           env=__import__("helpers").child_env())
     assert done.returncode == 0, done.stderr
     assert "LOADED False False finished 1" in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["keras", "torch"])
+def test_a_tunable_named_like_a_hyperparameter_or_badly_is_refused_with_the_same_words(kind):
+    """Keras variables and torch tensors are checked by one rule: a clear
+    ValueError naming what was received, before any training."""
+    if kind == "keras":
+        import keras
+
+        from jupyter_traincontrol.boundary.tunables import check_user_tunables as check
+        value = keras.Variable(0.2)
+    else:
+        torch = pytest.importorskip("torch")
+        from jupyter_traincontrol.boundary.torch_tunables import _check_user as check
+        value = torch.tensor(0.2)
+    for name in ("lr", "learning_rate"):
+        with pytest.raises(ValueError, match=rf"^tunables: '{name}' is an optimizer hyperparameter's name; choose"):
+            check({name: value})
+    with pytest.raises(ValueError, match=r"^tunables: Invalid name 'bad name!'"):
+        check({"bad name!": value})
+    assert list(check({"dropout": value})) == ["dropout"]

@@ -17,8 +17,8 @@ import contextlib
 import math
 from typing import Any, Iterator, Mapping
 
-from ..protocol import TUNABLE_ALIASES, UnknownCommandError, validate_tunable_name
-from .tunables import Change, TunableError
+from ..protocol import TUNABLE_ALIASES
+from .tunables import Change, TunableError, check_tunable_name
 
 __all__ = ["TorchTunables", "TORCH_HYPERPARAMETERS"]
 
@@ -30,12 +30,7 @@ _GROUP_KEYS = {"learning_rate": "lr", "weight_decay": "weight_decay", "momentum"
 def _check_user(tunables: Mapping[str, Any] | None) -> dict[str, Any]:
     checked = {}
     for name, tensor in (tunables or {}).items():
-        try:
-            canonical = validate_tunable_name(name)
-        except UnknownCommandError as error:
-            raise ValueError(f"tunables: {error}") from None
-        if canonical != name or name in TORCH_HYPERPARAMETERS:
-            raise ValueError(f"tunables: {name!r} is an optimizer hyperparameter's name; choose another name.")
+        check_tunable_name(name, TORCH_HYPERPARAMETERS)
         if not (callable(getattr(tensor, "fill_", None)) and callable(getattr(tensor, "item", None))):
             raise ValueError(f"tunables[{name!r}] is a {type(tensor).__name__}; expected a torch tensor the model reads.")
         checked[name] = tensor

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..protocol import TUNABLE_ALIASES, UnknownCommandError, validate_tunable_name
 
-__all__ = ["Change", "TunableError", "Tunables", "check_user_tunables", "OPTIMIZER_HYPERPARAMETERS"]
+__all__ = ["Change", "TunableError", "Tunables", "check_tunable_name", "check_user_tunables", "OPTIMIZER_HYPERPARAMETERS"]
 
 #: The optimizer hyperparameters `set` knows (where the optimizer has them).
 OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "weight_decay", "momentum", "beta_1", "beta_2", "clipnorm", "clipvalue")
@@ -61,6 +61,21 @@ class Change:
     new: float
 
 
+def check_tunable_name(name: str, reserved) -> None:
+    """Checks the name of a user's tunable (Keras or torch alike).
+
+    Raises:
+        ValueError: For a name that is not a valid one, or that is one of
+            `reserved` (the optimizer's hyperparameters) or an alias.
+    """
+    try:
+        canonical = validate_tunable_name(name)
+    except UnknownCommandError as error:
+        raise ValueError(f"tunables: {error}") from None
+    if canonical != name or name in reserved:
+        raise ValueError(f"tunables: {name!r} is an optimizer hyperparameter's name; choose another name.")
+
+
 def check_user_tunables(tunables: Mapping[str, Any] | None) -> dict[str, Any]:
     """Checks the ``tunables=`` a user passes: names to Keras variables.
 
@@ -78,12 +93,7 @@ def check_user_tunables(tunables: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ValueError(f"tunables must be a dict of names to Keras variables, got {type(tunables).__name__}.")
     checked = {}
     for name, variable in tunables.items():
-        try:
-            canonical = validate_tunable_name(name)
-        except UnknownCommandError as error:
-            raise ValueError(f"tunables: {error}") from None
-        if canonical != name or name in OPTIMIZER_HYPERPARAMETERS:
-            raise ValueError(f"tunables: {name!r} is an optimizer hyperparameter's name; choose another name.")
+        check_tunable_name(name, OPTIMIZER_HYPERPARAMETERS)
         if not (callable(getattr(variable, "assign", None)) and callable(getattr(variable, "numpy", None))):
             raise ValueError(
                 f"tunables[{name!r}] is a {type(variable).__name__}; expected a Keras variable "
