@@ -84,7 +84,15 @@ def test_pause_holds_the_training_thread_and_commands_still_act(make_model, tiny
         def on_train_batch_end(self, batch, logs=None):
             steps_seen.append(batch)
 
+    pause_sent = threading.Event()
+
+    def send_pause(_callback):
+        send_and_wait_queued(control, "pause")
+        pause_sent.set()
+
     def remote():
+        # However slow the fit is to reach the pause (tracing on a loaded machine), the pause is timed from its send.
+        pause_sent.wait(300)
         wait_until(lambda: control.state == "paused", message="paused")
         held_at = len(steps_seen)
         time.sleep(0.4)  # a negative observation: no step while paused
@@ -98,8 +106,11 @@ def test_pause_holds_the_training_thread_and_commands_still_act(make_model, tiny
     errors = []
     thread = threading.Thread(target=lambda: guarded(remote, errors, unblock=lambda: abort_run(control)))
     thread.start()
-    history = fit(model, tiny_data, control, Counter(), At(1, 3, lambda cb: send_and_wait_queued(control, "pause")))
-    thread.join()
+    try:
+        history = fit(model, tiny_data, control, Counter(), At(1, 3, send_pause))
+    finally:
+        pause_sent.set()  # a fit that ended early lets the remote fail at once
+        thread.join()
     assert not errors, errors[0]
     assert history.epoch == list(range(EPOCHS))
     assert control.state == "finished"
@@ -110,7 +121,15 @@ def test_stop_while_paused(make_model, tiny_data, ckpt):
     model = make_model()
     control = ControlCallback(name="pstop", checkpoint_dir=ckpt)
 
+    pause_sent = threading.Event()
+
+    def send_pause(_callback):
+        send_and_wait_queued(control, "pause")
+        pause_sent.set()
+
     def remote():
+        # However slow the fit is to reach the pause (tracing on a loaded machine), the pause is timed from its send.
+        pause_sent.wait(300)
         wait_until(lambda: control.state == "paused", message="paused")
         deliver(control.fifo, "stop")
 
