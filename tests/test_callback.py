@@ -135,8 +135,11 @@ def test_stop_while_paused(make_model, tiny_data, ckpt):
 
     thread = threading.Thread(target=remote)
     thread.start()
-    history = fit(model, tiny_data, control, At(0, 1, lambda cb: send_and_wait_queued(control, "pause")))
-    thread.join()
+    try:
+        history = fit(model, tiny_data, control, At(0, 1, send_pause))
+    finally:
+        pause_sent.set()
+        thread.join()
     assert history.epoch == [0]
     assert control.state == "stopped"
     assert read_sidecar(control.checkpoints[0])["step_in_epoch"] == 3

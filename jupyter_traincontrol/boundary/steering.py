@@ -85,7 +85,8 @@ class Steering:
 
     def begin(self, resumed: Checkpoint | None = None) -> None:
         """At train begin: applies again what the resumed checkpoint's
-        sidecar says was steered, and publishes the current values."""
+        sidecar says was steered, and has the current values published (read when the record is
+        written, off the training thread)."""
         steered = dict((resumed.info.get("tunables") or {}) if resumed is not None else {})
         if steered:
             known = set(self.tunables.names())
@@ -99,7 +100,7 @@ class Steering:
                 self._warn(f"Resume: the steered values of {resumed.path.name} were not set again: {error}")
             else:
                 self._record(changes, f"resume from {resumed.path.name}")
-        self._publish_values()
+        self.progress.read_tunables_later(self.tunables.read)
 
     # set -----------------------------------------------------------------------
 

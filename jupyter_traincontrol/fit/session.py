@@ -89,7 +89,7 @@ class FitSession:
         self.nan_policy: NanPolicy | None = None
         self.data_order: DataOrder | None = None
         self.resumption: Resumption | None = None
-        self.random_at_epoch_start: dict | None = None  # `random_state.capture_epoch_start` of the epoch in progress
+        self.random_at_epoch_start: random_state.EpochStart | None = None  # `random_state.capture_epoch_start` of the epoch in progress
         self.lost_because: str | None = None  # why `fit` left without on_train_end, if known
         self.final_state = RunState.FAILED
         self.error: str | None = None

@@ -63,7 +63,7 @@ logger = logging.getLogger("jupyter_traincontrol")
 JOB_REGISTRY = ".job-processes"
 #: How long the watcher blocks on the next proposal at a time (what ending
 #: a `fit` waits for it, at most).
-_WATCH_SECONDS = 0.25
+_WATCH_SECONDS = 0.1
 _fit_counter = itertools.count()
 
 

@@ -56,7 +56,7 @@ class LoopSession:
         self.actions: CommandActions | None = None
         self.resumed: Checkpoint | None = None
         self.skip = 0  # items of the resumed epoch already trained
-        self.random_at_epoch_start: dict | None = None
+        self.random_at_epoch_start: random_state.EpochStart | None = None
         self.final_state = RunState.FAILED
         self.error: str | None = None
         self.ended = False  # a stop or abort ended the loop

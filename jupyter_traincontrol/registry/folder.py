@@ -21,7 +21,7 @@ from typing import Any
 
 from ..protocol import ACTIVE_STATES, FINAL_STATES, RunState, shorten
 from ..system.flock import ProcessLock
-from ..system.private_fs import check_private, ensure_private_dir, open_dir, read_json, write_json_atomic
+from ..system.private_fs import check_private, ensure_private_dir, file_identity, open_dir, read_json, write_json_atomic
 from .liveness import LOCK_NAME, folder_is_live, move_away, remove_if_dead, sweep_dead_runs
 from .paths import CLAIM_PREFIX, RECORD_NAME, NameTakenError, registry_root, validate_name
 from .tombstones import keep_tombstone
@@ -51,6 +51,7 @@ class RunFolder:
         self._released = False
         self._write_lock = threading.RLock()  # re-entrant: defensive, a signal handler may land mid-write
         self.dir_fd = -1  # the folder, opened once: writes go through it, not through its path
+        self._written: tuple[int, int, int] | None = None  # the identity of the record this run wrote last
 
     @property
     def record_path(self) -> Path:
@@ -118,7 +119,7 @@ class RunFolder:
         """
         with self._write_lock:
             if self.dir_fd >= 0:
-                write_json_atomic(self.record_path, self._full_record(record), dir_fd=self.dir_fd)
+                self._written = write_json_atomic(self.record_path, self._full_record(record), dir_fd=self.dir_fd)
 
     def reopen(self, run_id: str) -> bool:
         """Takes the folder again for a new run of the same name and process
@@ -130,7 +131,7 @@ class RunFolder:
             False if the folder is no longer ours (the caller claims anew).
         """
         with self._write_lock:
-            if self._released or self.dir_fd >= 0 or not self.owns_folder():
+            if self._released or self.dir_fd >= 0 or not (self._wrote_what_is_there() or self.owns_folder()):
                 return False
             try:
                 self.dir_fd = open_dir(self.path)
@@ -146,6 +147,14 @@ class RunFolder:
             if self.dir_fd >= 0:
                 os.close(self.dir_fd)
                 self.dir_fd = -1
+
+    def _wrote_what_is_there(self) -> bool:
+        """True if the record on disk is the very file this run wrote last
+        (one stat, where `owns_folder` reads and parses it)."""
+        try:
+            return self._written is not None and file_identity(os.stat(self.record_path)) == self._written
+        except OSError:
+            return False
 
     def owns_folder(self) -> bool:
         """True while the folder on disk still belongs to this run."""

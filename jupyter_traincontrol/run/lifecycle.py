@@ -167,8 +167,8 @@ class RunLifecycle:
             raise
         self.publisher = Publisher(self.name, self.publish, on_published=lambda: self.journal.notify(None))
         self._published_version = None
-        self.publish(force=True)
         self.publisher.start()
+        self.publisher.publish_soon()  # one write for starting and running, if the training starts at once
         return self
 
     def _claim_folder(self) -> RunFolder:

@@ -95,7 +95,7 @@ class Publisher:
                         logger.exception("A run tick hook failed")
             elif not soon:
                 continue
-            else:
-                time.sleep(_SOON_DELAY)  # the caller (the training thread) finishes its boundary first
+            elif self._closing.wait(_SOON_DELAY):  # the caller (the training thread) finishes its boundary first
+                return  # the run ends meanwhile: its closing writes the last record (a short `fit` waits for no other)
             if self._publish(soon):
                 self._on_published()

@@ -35,29 +35,47 @@ import random
 import sys
 from typing import Any
 
-__all__ = ["RESUME_STATE_VERSION", "capture_epoch_start", "capture", "restore", "restore_now"]
+__all__ = ["RESUME_STATE_VERSION", "EpochStart", "capture_epoch_start", "capture", "restore", "restore_now"]
 
 RESUME_STATE_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
 
 
-def capture_epoch_start() -> dict[str, Any]:
-    """The global random states as an epoch begins (cheap: a few KB)."""
-    import numpy as np
+class EpochStart:
+    """The global random states as an epoch began: taken as they are (a
+    copy of each, tens of microseconds), packed into a sidecar's form only
+    when a checkpoint needs them (`packed`)."""
 
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": [version, _packed(np.array(internal, dtype=np.uint32)), gauss],
-        "numpy": [kind, _packed(keys.astype(np.uint32)), int(pos), int(has_gauss), float(cached)],
-    }
-    torch_state = _torch_state()
-    if torch_state is not None:
-        state["torch"] = torch_state
-    return state
+    __slots__ = ("_python", "_numpy", "_torch")
+
+    def __init__(self):
+        import numpy as np
+
+        self._python = random.getstate()
+        self._numpy = np.random.get_state()
+        self._torch = _torch_generator_state()
+
+    def packed(self) -> dict[str, Any]:
+        """The states as ``resume_state`` holds them (a few KB of JSON)."""
+        import numpy as np
+
+        version, internal, gauss = self._python
+        kind, keys, pos, has_gauss, cached = self._numpy
+        state: dict[str, Any] = {
+            "python": [version, _packed(np.array(internal, dtype=np.uint32)), gauss],
+            "numpy": [kind, _packed(keys.astype(np.uint32)), int(pos), int(has_gauss), float(cached)],
+        }
+        if self._torch is not None:
+            state["torch"] = base64.b64encode(self._torch.numpy().tobytes()).decode("ascii")
+        return state
 
 
-def capture(model, epoch: int, epoch_start: dict[str, Any] | None,
+def capture_epoch_start() -> EpochStart:
+    """The global random states as an epoch begins (cheap: see `EpochStart`)."""
+    return EpochStart()
+
+
+def capture(model, epoch: int, epoch_start: "EpochStart | None",
             data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``resume_state`` of a checkpoint taken now (on the training
     thread, the model's state synced at this boundary).
@@ -72,13 +90,12 @@ def capture(model, epoch: int, epoch_start: dict[str, Any] | None,
             now is that start.
         data: `data_order.DataOrder.state` for that epoch, or None.
     """
-    if epoch_start is None:
-        epoch_start = capture_epoch_start()
+    now = EpochStart()
     return {
         "version": RESUME_STATE_VERSION,
         "epoch": epoch,
-        "epoch_start": epoch_start,
-        "now": capture_epoch_start(),
+        "epoch_start": (epoch_start or now).packed(),
+        "now": now.packed(),
         "seed_generators": {
             "model": [_ints(sg.state) for sg in _seed_generators(model)] if model is not None else [],
             "global": _global_state(),
@@ -151,13 +168,14 @@ def _unpacked(words):
     return np.array(words, dtype=np.uint32)
 
 
-def _torch_state() -> str | None:
-    """torch's global generator, when torch is in use (a Keras backend, or a custom loop's)."""
+def _torch_generator_state():
+    """A copy of torch's global generator state, when torch is in use (a
+    Keras backend, or a custom loop's); else None."""
     if "torch" not in sys.modules:
         return None
     import torch
 
-    return base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")
+    return torch.get_rng_state()
 
 
 def _seed_generators(model) -> list:

@@ -29,6 +29,8 @@ __all__ = [
     "open_dir",
     "read_json",
     "write_json_atomic",
+    "json_text",
+    "file_identity",
 ]
 
 
@@ -134,7 +136,7 @@ def make_private_dirs(path: Path) -> list[Path]:
     return created
 
 
-def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None) -> None:
+def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None) -> tuple[int, int, int]:
     """Writes `data` as JSON to `path` through a temporary file and a rename.
 
     Non-finite floats are written as ``null`` (see `json_safe`).
@@ -146,9 +148,13 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None) -> No
             `path`'s last component is used, and nothing on the way is
             looked up again (a folder renamed or swapped meanwhile cannot
             redirect the write).
+
+    Returns:
+        The written file's identity (`file_identity`): while the file at
+        `path` has it, it is this write's.
     """
     path = Path(path)
-    text = json.dumps(json_safe(data), indent=1, sort_keys=True, default=str, allow_nan=False)
+    text = json_text(data)
     if dir_fd is None:
         dir_fd_to_close = dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     else:
@@ -160,6 +166,8 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None) -> No
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
+                handle.flush()
+                identity = file_identity(os.fstat(fd))
             os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             try:
@@ -170,6 +178,25 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None) -> No
     finally:
         if dir_fd_to_close is not None:
             os.close(dir_fd_to_close)
+    return identity
+
+
+def json_text(data: Any) -> str:
+    """`data` as one line of JSON, keys sorted, non-finite floats as ``null``.
+
+    Data that is plain JSON already (the usual case) goes straight to the C
+    encoder; only data with a non-finite float or a value JSON has no type
+    for (a path, say: written as its ``str``) is walked first (`json_safe`).
+    """
+    try:
+        return json.dumps(data, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(json_safe(data), sort_keys=True, default=str, allow_nan=False)
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells one written file from another at the same path: inode, size, modification time."""
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def open_dir(path: Path) -> int:
