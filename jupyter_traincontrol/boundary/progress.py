@@ -9,16 +9,12 @@ batch. The boundary layer reads it to know where a checkpoint is taken
 
 from __future__ import annotations
 
-import logging
-import threading
-from typing import Any, Callable
+from typing import Any
 
 from ..checkpoint import TrainingPosition
 from ..run.progress import RunProgress
 
 __all__ = ["TrainingProgress"]
-
-logger = logging.getLogger("jupyter_traincontrol")
 
 
 class TrainingProgress:
@@ -40,8 +36,7 @@ class TrainingProgress:
         metrics: The latest logs.
         global_step: The optimizer's step as of the last checkpoint, resume
             or rollback (None until then).
-        tunables: What ``set`` can change, and the current values (read
-            when first asked for, after `read_tunables_later`).
+        tunables: What ``set`` can change, and the current values.
         last_batch_ends_epoch: True where nothing of the epoch runs after
             its last batch (``fit``: its epoch-end work is the callbacks').
             False for a custom loop, whose body may go on (a scheduler's
@@ -65,36 +60,10 @@ class TrainingProgress:
         self.in_validation = False
         self.metrics: dict[str, Any] = {}
         self.global_step: int | None = None
-        self._tunables: dict[str, float | None] = {}
-        self._read_tunables: Callable[[], dict[str, float | None]] | None = None
-        self._tunables_lock = threading.Lock()
+        self.tunables: dict[str, float | None] = {}
         self.last_batch_ends_epoch = True
         self.pinned: TrainingPosition | None = None
         self.version = 0
-
-    @property
-    def tunables(self) -> dict[str, float | None]:
-        with self._tunables_lock:
-            read, self._read_tunables = self._read_tunables, None
-            if read is not None:
-                try:
-                    self._tunables = read()
-                except Exception:  # shown as unknown; `set` reads them again itself
-                    logger.exception("Could not read the values 'set' can change")
-            return self._tunables
-
-    @tunables.setter
-    def tunables(self, values: dict[str, float | None]) -> None:
-        with self._tunables_lock:
-            self._read_tunables, self._tunables = None, values
-
-    def read_tunables_later(self, read: Callable[[], dict[str, float | None]]) -> None:
-        """Shows the values `read()` returns, read when first asked for
-        (by the run's publisher thread, usually): not on the training
-        thread as it starts, where a short `fit` would pay for it."""
-        with self._tunables_lock:
-            self._read_tunables = read
-        self.version += 1
 
     def progress(self) -> RunProgress:
         """The progress as the run shows it (epochs counted from 1)."""

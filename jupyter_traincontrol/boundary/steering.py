@@ -85,8 +85,7 @@ class Steering:
 
     def begin(self, resumed: Checkpoint | None = None) -> None:
         """At train begin: applies again what the resumed checkpoint's
-        sidecar says was steered, and has the current values published (read when the record is
-        written, off the training thread)."""
+        sidecar says was steered, and publishes the current values."""
         steered = dict((resumed.info.get("tunables") or {}) if resumed is not None else {})
         if steered:
             known = set(self.tunables.names())
@@ -100,7 +99,7 @@ class Steering:
                 self._warn(f"Resume: the steered values of {resumed.path.name} were not set again: {error}")
             else:
                 self._record(changes, f"resume from {resumed.path.name}")
-        self.progress.read_tunables_later(self.tunables.read)
+        self._publish_values()
 
     # set -----------------------------------------------------------------------
 

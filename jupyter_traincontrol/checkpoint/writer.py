@@ -48,7 +48,7 @@ __all__ = ["CheckpointWriter", "WriterBusyError"]
 logger = logging.getLogger("jupyter_traincontrol")
 
 #: Seconds the writer sleeps per second of writing, while nobody waits for it.
-_PACE = 2.0
+_PACE = 8.0
 #: Seconds a write waits before it starts, unless waited for: woken at once,
 #: the writer took the interpreter lock from the training thread still in
 #: its batch hook (holding it there 2-6 ms more, in slices of the switch interval).
@@ -83,6 +83,7 @@ class CheckpointWriter:
         self._job: tuple | None = None
         self._closing = False
         self._waiters = 0  # threads in `wait`: the write goes at full speed
+        self._hurry = threading.Event()  # set while the write in flight was waited for: no more pauses
 
     @property
     def busy(self) -> bool:
@@ -150,22 +151,25 @@ class CheckpointWriter:
         if self._idle.is_set():
             return True
         self._waiters += 1
+        self._hurry.set()
         try:
             return self._idle.wait(timeout)
         finally:
             self._waiters -= 1
 
     def _pace(self, seconds: float) -> None:
-        """Between two slices of a write that took `seconds`: sleeps twice
-        as long, unless a thread waits for the write."""
-        end = time.monotonic() + _PACE * seconds
-        while not self._waiters and not self._closing and (left := end - time.monotonic()) > 0:
-            time.sleep(min(left, 0.005))
+        """Between two slices of a write that took `seconds`: sleeps `_PACE`
+        times as long, in one wait that a thread waiting for the write ends
+        (no polling: each wake-up would take the interpreter lock from the
+        training thread)."""
+        if not self._hurry.is_set():
+            self._hurry.wait(_PACE * seconds)
 
     def close(self) -> None:
-        """Waits for the write in flight, then ends the writer's thread.
-        Idempotent; a later `submit` starts a new one."""
-        self._idle.wait()
+        """Waits for the write in flight (at full speed: it is waited for),
+        then ends the writer's thread. Idempotent; a later `submit` starts
+        a new one."""
+        self.wait()
         thread, self._thread = self._thread, None
         if thread is None:
             return
@@ -180,7 +184,10 @@ class CheckpointWriter:
             self._wake.clear()
             job, self._job = self._job, None
             if job is not None:
-                if not self._waiters:  # let the training thread finish its boundary before taking the interpreter
+                self._hurry.clear()  # a new write: paced until someone waits for it
+                if self._waiters:
+                    self._hurry.set()
+                else:  # let the training thread finish its boundary before taking the interpreter
                     time.sleep(_START_DELAY)
                 self._write(*job)
             elif self._closing:

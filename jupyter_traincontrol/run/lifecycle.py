@@ -154,12 +154,11 @@ class RunLifecycle:
         self._source, self._last_progress = None, RunProgress()
         try:
             self.channel = open_channel(
-                self._folder.path,
-                self._channel_kind,
+                self._folder.path, self._channel_kind,
                 on_rejected=self._on_rejected,
                 on_notice=lambda text: self.journal.log("warning", text),
                 name=self.name,
-                dir_fd=self._folder.dir_fd,
+                dir_fd=self._folder.dir_fd, start=False,
             )
         except BaseException:
             self._folder.release()
@@ -167,8 +166,9 @@ class RunLifecycle:
             raise
         self.publisher = Publisher(self.name, self.publish, on_published=lambda: self.journal.notify(None))
         self._published_version = None
+        self.publish(force=True)  # senders find the channel once `open` returns (it keeps what they write)
+        self.channel.start()  # the threads start after the write: a thread starting meanwhile slows it down
         self.publisher.start()
-        self.publisher.publish_soon()  # one write for starting and running, if the training starts at once
         return self
 
     def _claim_folder(self) -> RunFolder:
