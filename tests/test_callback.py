@@ -29,6 +29,19 @@ def send_and_wait_queued(callback, command):
     wait_until(lambda: callback.lifecycle.channel is None or callback.lifecycle.channel.pending, message=f"{command} queued")
 
 
+def sending(callback, command):
+    """An `At` action that sends `command` (queued), and the event it sets
+    once it has: a remote thread times what follows from the send, however
+    slow the fit was to reach it (tracing on a loaded machine)."""
+    sent = threading.Event()
+
+    def action(_callback):
+        send_and_wait_queued(callback, command)
+        sent.set()
+
+    return action, sent
+
+
 fit = functools.partial(driving.fit, epochs=EPOCHS)
 
 
@@ -84,14 +97,9 @@ def test_pause_holds_the_training_thread_and_commands_still_act(make_model, tiny
         def on_train_batch_end(self, batch, logs=None):
             steps_seen.append(batch)
 
-    pause_sent = threading.Event()
-
-    def send_pause(_callback):
-        send_and_wait_queued(control, "pause")
-        pause_sent.set()
+    send_pause, pause_sent = sending(control, "pause")
 
     def remote():
-        # However slow the fit is to reach the pause (tracing on a loaded machine), the pause is timed from its send.
         pause_sent.wait(300)
         wait_until(lambda: control.state == "paused", message="paused")
         held_at = len(steps_seen)
@@ -121,14 +129,9 @@ def test_stop_while_paused(make_model, tiny_data, ckpt):
     model = make_model()
     control = ControlCallback(name="pstop", checkpoint_dir=ckpt)
 
-    pause_sent = threading.Event()
-
-    def send_pause(_callback):
-        send_and_wait_queued(control, "pause")
-        pause_sent.set()
+    send_pause, pause_sent = sending(control, "pause")
 
     def remote():
-        # However slow the fit is to reach the pause (tracing on a loaded machine), the pause is timed from its send.
         pause_sent.wait(300)
         wait_until(lambda: control.state == "paused", message="paused")
         deliver(control.fifo, "stop")

@@ -90,12 +90,12 @@ def capture(model, epoch: int, epoch_start: "EpochStart | None",
             now is that start.
         data: `data_order.DataOrder.state` for that epoch, or None.
     """
-    now = EpochStart()
+    now = EpochStart().packed()
     return {
         "version": RESUME_STATE_VERSION,
         "epoch": epoch,
-        "epoch_start": (epoch_start or now).packed(),
-        "now": now.packed(),
+        "epoch_start": epoch_start.packed() if epoch_start is not None else now,
+        "now": now,
         "seed_generators": {
             "model": [_ints(sg.state) for sg in _seed_generators(model)] if model is not None else [],
             "global": _global_state(),

@@ -104,14 +104,13 @@ def resume_from_latest(
     restored = store.restore_latest(KerasState(model).restore, on_skip=on_skip)
     latest = restored.checkpoint
     if latest is None:
-        found = _found(restored)
         nothing = Resumption(model, message=nothing_loaded(store, restored), resumed=False)
         others = store.scan()
         nothing.others = sorted({checkpoint.run for checkpoint in others.checkpoints} - {store.run})
         if nothing.others:
             example = nothing.others[-1]
             nothing.message = (
-                f"No checkpoint of run {store.run!r} in {store.directory} {found}: starting from scratch. The folder "
+                f"No checkpoint of run {store.run!r} in {store.directory} {_found(restored)}: starting from scratch. The folder "
                 f"holds {describe_others(others, but=store.run)}; to continue from one, resume from it: "
                 f"ControlCallback(resume_from={example!r}) or %%interruptible_fit --resume-from {example}."
             )
