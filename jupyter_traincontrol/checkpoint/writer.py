@@ -18,11 +18,12 @@ write in flight, if any, is done. The source is released (``release()``,
 if it has one) as soon as its file is written.
 
 While nobody waits for it, the writer paces itself: a source that writes
-in slices calls its ``pace`` between them, and the writer sleeps sixteen
-times as long as the slice took, so it takes about a seventeenth of one
-core (and of the memory bandwidth) and a training that keeps every core
-busy is slowed a few percent at most while a checkpoint is written (the
-write takes about seventeen times as long). Once a thread waits for the
+in slices calls its ``pace`` between them, and the writer sleeps eight
+times as long as the slice took, so it takes about a ninth of one core and
+a training that keeps every core busy is slowed little while a checkpoint
+is written (the write takes about nine times as long; sixteen times was
+tried: no gain the benchmark could tell from its noise, and a 500 MB
+write took a minute). Once a thread waits for the
 write (`wait`: a ``stop``, the end of `fit`, a rollback), it goes at full
 speed. (A lower thread priority was tried: under load from other
 processes it starved the writer, and a ``stop`` waited a minute for it.)
@@ -49,7 +50,7 @@ __all__ = ["CheckpointWriter", "WriterBusyError"]
 logger = logging.getLogger("jupyter_traincontrol")
 
 #: Seconds the writer sleeps per second of writing, while nobody waits for it.
-_PACE = 16.0
+_PACE = 8.0
 #: Seconds a write waits before it starts, unless waited for: woken at once,
 #: the writer took the interpreter lock from the training thread still in
 #: its batch hook (holding it there 2-6 ms more, in slices of the switch interval).
