@@ -203,3 +203,41 @@ def test_close_removes_the_channel_and_stops_the_thread(folder):
 def test_unknown_channel_kind_is_a_clear_error(folder):
     with pytest.raises(ValueError, match="Expected one of: fifo, spool"):
         open_channel(folder, "carrier-pigeon")
+
+
+class CountingTicker:
+    """A ticker that counts its ticks; due when `due` says (infinite: never)."""
+
+    def __init__(self):
+        self.due = float("inf")
+        self.ticks = 0
+
+    def due_in(self):
+        return self.due
+
+    def tick(self):
+        self.ticks += 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "spool"])
+def test_the_reader_thread_drives_a_ticker_when_due_and_when_woken(folder, kind):
+    ticker = CountingTicker()
+    ch = open_channel(folder, kind, name="ticking", health_check_seconds=30, start=False)
+    ch.start(ticker=ticker)
+    try:
+        time.sleep(0.3)
+        assert ticker.ticks == 0, "the reader ticked with nothing due"
+        ch.wake()
+        wait_until(lambda: ticker.ticks >= 1, message="a tick after wake()")
+        woken = ticker.ticks
+        time.sleep(0.3)
+        assert ticker.ticks == woken, f"one wake-up ticked {ticker.ticks - woken} more times (a wake-up left behind)"
+        ticker.due = 0.02
+        ch.wake()
+        wait_until(lambda: ticker.ticks >= woken + 5, message="ticks every 20 ms once due")
+        deliver(ch.address, "save")  # commands still arrive while it ticks
+        assert drain(ch, 1) == [Command.SAVE]
+    finally:
+        ch.close()
+    ch.wake()  # closed: nothing to wake, no error
+    assert not [t for t in threading.enumerate() if t.name == "traincontrol-reader-ticking"]

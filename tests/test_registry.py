@@ -8,10 +8,13 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from helpers import wait_until
 
 from jupyter_traincontrol.system.private_fs import UnsafePathError
 from jupyter_traincontrol.registry import (
@@ -233,3 +236,27 @@ def test_a_malformed_tombstone_is_skipped_and_reported_once(runtime_dir, caplog)
     assert [record["name"] for record in list_runs(ended=True)] == ["fine"]
     assert [record["name"] for record in list_runs(ended=True)] == ["fine"]
     assert sum("bad.0123.json" in message for message in caplog.messages) == 1
+
+
+def test_a_run_has_one_thread_which_publishes_soon_and_ticks(runtime_dir, tmp_path):
+    from jupyter_traincontrol.protocol import RunState
+    from jupyter_traincontrol.run.lifecycle import RunLifecycle
+
+    before = {t.ident for t in threading.enumerate()}
+    run = RunLifecycle("onethread", tmp_path / "ck").open()
+    try:
+        started = [t.name for t in threading.enumerate() if t.ident not in before]
+        assert started == ["traincontrol-reader-onethread"], started
+        ticks = []
+        run.publisher.add_tick_hook(lambda: ticks.append(threading.current_thread().name))
+        run.move_to(RunState.RUNNING)  # published soon, by the run's thread
+        wait_until(lambda: find_run("onethread")["state"] == "running", timeout=5,
+                   message="the running state published")
+        wait_until(lambda: ticks, timeout=5, message="a tick hook run about twice a second")
+        assert set(ticks) == {"traincontrol-reader-onethread"}
+    finally:
+        run.close(RunState.FINISHED)
+    assert find_run("onethread")["state"] == "finished"
+    assert not [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    run.publish_soon()  # after close: nothing to wake
+    assert find_run("onethread")["state"] == "finished"

@@ -96,7 +96,7 @@ class CommandActions:
         while (request := channel.pop()) is not None:
             self._apply(request)
         self.saves.start_due()
-        self.run.publish_soon()  # senders see their acks now (written by the publisher thread)
+        self.run.publish_soon()  # senders see their acks now (written by the run's thread)
 
     def _apply(self, request: Request) -> None:
         journal = self.run.journal

@@ -6,7 +6,7 @@ steering, the NaN policy, the job (several processes), the data-order
 counts and the resume, the Ctrl+C guard, the watchdog that notices a `fit`
 that raised. Each part is pushed on one `contextlib.ExitStack` as it opens,
 so `close` unwinds them in reverse, once, whatever thread ends the fit (the
-training thread at train end, the publisher's watchdog tick when `fit`
+training thread at train end, the watchdog's tick on the run's thread when `fit`
 raised, a job's watcher when a process was lost, or exit). At train end
 (`train_ended`), a `fit` that ran to its end first writes its last
 checkpoint (reason ``end``), and the run is closed saying how it ended.
@@ -297,7 +297,7 @@ class FitSession:
         # In a signal handler, on the main thread, which may hold any lock (a
         # record write, a save): ending the run here could wait on a thread that
         # waits on that lock. Only note why; the `KeyboardInterrupt` that follows
-        # leaves `fit`, and the watchdog ends the run from the publisher thread.
+        # leaves `fit`, and the watchdog ends the run from the run's thread.
         self.lost_because = "KeyboardInterrupt: a second Ctrl+C interrupted fit."
 
     # Closing -------------------------------------------------------------------------

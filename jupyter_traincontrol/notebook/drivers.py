@@ -109,7 +109,7 @@ class CellDrivers:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
 
     def answer_idle_commands(self) -> None:
-        """A tick (the run's publisher thread): while no fit or TrainLoop has
+        """A tick (the run's thread): while no fit or TrainLoop has
         begun in the cell, commands that waited a second are answered
         ``failed``, with the fix. Once one has, a command waits for the next."""
         channel = self.lifecycle.channel

@@ -6,7 +6,7 @@
 - `history`: the loss per batch and each epoch's logs (`loss_curve`).
 - `progress`: `RunProgress`, what the driver of the training reports.
 - `record`: the run's record, built from the parts.
-- `publisher`: writing the record, and the run's ticks.
+- `publisher`: writing the record, and the run's ticks (on the channel's thread).
 """
 
 from .journal import Journal, RunEvent

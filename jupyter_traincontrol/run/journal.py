@@ -127,7 +127,7 @@ class Journal:
     def add_change(self, change: dict[str, Any]) -> None:
         """Keeps one steered change (``{"time", "by", "name", "old", "new", ...}``)."""
         with self._lock:
-            # A new list, swapped in whole: the publisher thread reads the old or the new.
+            # A new list, swapped in whole: the run's thread reads the old or the new.
             self.changes = [*self.changes, change][-CHANGES_KEPT:]
             self.version += 1
 

@@ -5,13 +5,13 @@ narrow job:
 
 - its identity: the claimed registry folder (name, ``run_id``, liveness
   lock), and its checkpoint store (the same ``run_id`` in every sidecar);
-- `channel`: the command channel (a FIFO), read by its own thread;
+- `channel`: the command channel (a FIFO), whose thread ticks the `publisher`;
 - `states`: the `StateMachine`, moved only along the transition table;
 - `journal`: the log of events, acknowledgements and changes;
 - `history` (the loss per batch, each epoch's logs) and the progress the
   training's driver reports (`follow`);
 - the record (`build_record`): written at once on a state change or an
-  answered command, else at most twice a second, by its `publisher` thread.
+  answered command, else at most twice a second, by its `publisher`.
 
 Other parts get the part they need (the boundary layer logs to `journal`
 and moves `states`). It serves `ControlCallback`, `TrainLoop` and `TrainingRun`.
@@ -167,8 +167,8 @@ class RunLifecycle:
         self.publisher = Publisher(self.name, self.publish, on_published=lambda: self.journal.notify(None))
         self._published_version = None
         self.publish(force=True)  # senders find the channel once `open` returns (it keeps what they write)
-        self.channel.start()  # the threads start after the write: a thread starting meanwhile slows it down
-        self.publisher.start()
+        self.publisher.start(wake=self.channel.wake)
+        self.channel.start(ticker=self.publisher)  # one thread per run, after the write (it slows a write down)
         return self
 
     def _claim_folder(self) -> RunFolder:
@@ -182,8 +182,8 @@ class RunLifecycle:
         raise NameTakenError("Could not find a free run name; pass name= explicitly.")
 
     def close(self, final_state: RunState | str, error: str | None = None, end_reason: str | None = None) -> None:
-        """Ends the run: records `final_state`, closes the channel and stops
-        the publisher thread.
+        """Ends the run: stops the publisher, closes the channel (joining the
+        run's thread) and records `final_state`.
 
         The record stays, with its final state, while this process lives.
         Idempotent: only the first call after `open` has an effect.
@@ -212,10 +212,10 @@ class RunLifecycle:
             self.ended = time.time()
             channel, self.channel = self.channel, None
             self.unfollow()
-        if channel is not None:
-            channel.close()
         if self.publisher is not None:
-            self.publisher.stop()
+            self.publisher.stop()  # first: nothing wakes the channel's thread once it is closed
+        if channel is not None:
+            channel.close()  # joins its thread: a write of the publisher's in flight ends before the last
         self.move_to(final_state)
         self._folder.seal()  # the last record is written
 
@@ -242,7 +242,7 @@ class RunLifecycle:
         if state in FINAL_STATES:
             self.publish(force=True)  # the last record, before the folder is sealed
         else:
-            self.publish_soon()  # by the publisher thread, at once
+            self.publish_soon()  # by the run's thread, at once
 
     def _on_rejected(self, rejected: Rejected) -> None:
         self.journal.log("rejected", f"{rejected.text}: {rejected.reason}")
@@ -339,8 +339,8 @@ class RunLifecycle:
         return True
 
     def publish_soon(self) -> None:
-        """Has the publisher thread write the record now (if it changed),
-        off this thread; without a publisher, writes it here."""
+        """Has the run's thread write the record now (if it changed), off
+        this thread; once the publisher has stopped, writes it here."""
         publisher = self.publisher
         if publisher is not None and publisher.running:
             publisher.publish_soon()
@@ -349,7 +349,7 @@ class RunLifecycle:
 
     def add_listener(self, listener: Listener) -> None:
         """Calls `listener(run, event)` on each event, and with None on
-        progress (from the publisher thread, at most about twice a second)."""
+        progress (from the run's thread, at most about twice a second)."""
         self.journal.add_listener(listener)
 
     def remove_listener(self, listener: Listener) -> None:

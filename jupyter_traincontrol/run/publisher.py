@@ -1,12 +1,16 @@
-"""The run's ticker thread: publishes progress about twice a second, and runs tick hooks.
+"""The run's ticker: publishes progress about twice a second, and runs tick hooks.
 
-`Publisher` is the run's own named thread, ``traincontrol-publisher-NAME``:
-about twice a second it runs the run's tick hooks (a watchdog), asks the
-run to publish its record if it changed (`RunLifecycle.publish`, which
-writes at most twice a second), and tells the listeners (the panels) when
-it did. `publish_soon` has it write the record at once, off the caller's
-thread (the training thread answers commands that way: writing the record
-itself took it 1-3 ms).
+`Publisher` has no thread of its own: the run's channel reader thread
+(``traincontrol-reader-NAME``, `transport.receiver.CommandChannel`) drives
+it between two reads, as the channel's ticker (a second thread per run cost
+each short `fit` a start and a join, 0.3 ms, and 1-1.5 ms on torch, whose
+spinning workers delay a new thread's first run). About twice a second it
+runs the run's tick hooks (a watchdog), asks the run to publish its record
+if it changed (`RunLifecycle.publish`, which writes at most twice a second),
+and tells the listeners (the panels) when it did. `publish_soon` has it
+write the record within a few milliseconds, off the caller's thread (the
+training thread answers commands that way: writing the record itself took
+it 1-3 ms).
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ _SOON_DELAY = 0.002
 
 
 class Publisher:
-    """Ticks for one run.
+    """Ticks for one run, on the thread that drives it (`due_in`, `tick`).
 
     Args:
-        name: The run's name (for the thread).
+        name: The run's name.
         publish: Writes the record if it changed; returns True if it did.
-        on_published: Called after each write from this thread.
+        on_published: Called after each write from the driving thread.
     """
 
     def __init__(self, name: str, publish: Callable[[bool], bool], on_published: Callable[[], None] | None = None):
@@ -40,13 +44,13 @@ class Publisher:
         self._publish = publish
         self._on_published = on_published or (lambda: None)
         self._tick_hooks: list[Callable[[], None]] = []
-        self._closing = threading.Event()
-        self._wake = threading.Event()  # set by stop and publish_soon
-        self._soon = False
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._wake: Callable[[], None] | None = None  # the driver's: makes its wait return at once
+        self._next_tick = 0.0
+        self._soon_at: float | None = None  # when a `publish_soon` is due
 
     def add_tick_hook(self, hook: Callable[[], None]) -> None:
-        """Calls `hook()` from the publisher thread about twice a second."""
+        """Calls `hook()` from the driving thread about twice a second."""
         self._tick_hooks.append(hook)
 
     def remove_tick_hook(self, hook: Callable[[], None]) -> None:
@@ -54,48 +58,72 @@ class Publisher:
         if hook in self._tick_hooks:
             self._tick_hooks.remove(hook)
 
-    def publish_soon(self) -> None:
-        """Has the thread write the record now (if it changed). Any thread; cheap."""
-        self._soon = True
-        self._wake.set()
-
     @property
     def running(self) -> bool:
-        """True while the thread runs."""
-        return self._thread is not None
+        """True while a thread drives it (between `start` and `stop`)."""
+        return self._wake is not None
 
-    def start(self) -> None:
-        """Starts the publisher thread."""
-        self._closing.clear()
-        self._thread = threading.Thread(target=self._run, name=f"traincontrol-publisher-{self.name}", daemon=True)
-        self._thread.start()
+    def start(self, wake: Callable[[], None]) -> None:
+        """Starts ticking; the driver calls `due_in` and `tick` from now on.
+
+        Args:
+            wake: Makes the driver's wait end at once (so it asks `due_in`
+                again); called by `publish_soon` from any thread.
+        """
+        with self._lock:
+            self._next_tick = time.monotonic() + PUBLISH_INTERVAL_SECONDS
+            self._soon_at = None
+            self._wake = wake
 
     def stop(self) -> None:
-        """Stops the thread and waits for it (unless called from it). Idempotent."""
-        self._closing.set()
-        self._wake.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        """Stops ticking: a pending `publish_soon` is dropped (the run's
+        closing writes the last record: a short `fit` waits for no other).
+        Idempotent."""
+        with self._lock:
+            self._wake = None
+            self._soon_at = None
 
-    def _run(self) -> None:
-        next_tick = time.monotonic() + PUBLISH_INTERVAL_SECONDS
-        while True:
-            self._wake.wait(max(0.0, next_tick - time.monotonic()))
-            self._wake.clear()
-            if self._closing.is_set():
+    def publish_soon(self) -> None:
+        """Has the driving thread write the record within `_SOON_DELAY` (if
+        it changed). Any thread; cheap."""
+        with self._lock:
+            wake = self._wake
+            if wake is None or self._soon_at is not None:
                 return
-            soon, self._soon = self._soon, False
-            if time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + PUBLISH_INTERVAL_SECONDS
-                for hook in list(self._tick_hooks):
-                    try:
-                        hook()
-                    except Exception:
-                        logger.exception("A run tick hook failed")
-            elif not soon:
-                continue
-            elif self._closing.wait(_SOON_DELAY):  # the caller (the training thread) finishes its boundary first
-                return  # the run ends meanwhile: its closing writes the last record (a short `fit` waits for no other)
-            if self._publish(soon):
+            self._soon_at = time.monotonic() + _SOON_DELAY  # the caller finishes its boundary first
+        wake()
+
+    def due_in(self) -> float:
+        """Seconds until `tick` has something to do (infinite once stopped)."""
+        with self._lock:
+            if self._wake is None:
+                return float("inf")
+            due = self._next_tick if self._soon_at is None else min(self._next_tick, self._soon_at)
+        return max(0.0, due - time.monotonic())
+
+    def tick(self) -> None:
+        """Does what is due: the tick hooks and a publish every half second, a
+        `publish_soon`'s write when its delay has passed. Driving thread only."""
+        now = time.monotonic()
+        with self._lock:
+            if self._wake is None:
+                return
+            ticking = now >= self._next_tick
+            soon = self._soon_at is not None and now >= self._soon_at
+            if not (ticking or soon):
+                return
+            if soon:
+                self._soon_at = None
+            if ticking:
+                self._next_tick = now + PUBLISH_INTERVAL_SECONDS
+        if ticking:
+            for hook in list(self._tick_hooks):
+                try:
+                    hook()
+                except Exception:
+                    logger.exception("A run tick hook failed")
+        try:
+            if self.running and self._publish(soon):
                 self._on_published()
+        except Exception:  # the thread reads commands too: it must outlive a failed write
+            logger.exception("Publishing the run's record failed")

@@ -39,6 +39,8 @@ class FifoChannel(CommandChannel):
         self._read_fd = -1
         self._keepalive_fd = -1
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)  # a full pipe wakes the reader already
         try:
             self._create()
         except BaseException:
@@ -88,8 +90,14 @@ class FifoChannel(CommandChannel):
         poller = select.poll()
         poller.register(self._read_fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        if not poller.poll(timeout * 1000):
+        ready = poller.poll(timeout * 1000)
+        if not ready:
             return
+        if any(fd == self._wake_r for fd, _events in ready):
+            try:
+                os.read(self._wake_r, _READ_SIZE)  # taken: the next poll waits again
+            except BlockingIOError:
+                pass
         while not self._closed.is_set():
             try:
                 data = os.read(self._read_fd, _READ_SIZE)
@@ -117,15 +125,20 @@ class FifoChannel(CommandChannel):
         self._on_notice(f"The FIFO {self.path} was {what}; re-created it.")
 
     def _wake_reader(self) -> None:
+        wake_w = self._wake_w
+        if wake_w < 0:
+            return
         try:
-            os.write(self._wake_w, b"x")
-        except OSError:
+            os.write(wake_w, b"x")
+        except OSError:  # full (a wake-up waits already) or closed
             pass
 
     def _release(self) -> None:
         self._close_fds()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        wake_r, wake_w = self._wake_r, self._wake_w
+        self._wake_r = self._wake_w = -1
+        os.close(wake_r)
+        os.close(wake_w)
         name, at = self._at()
         try:
             if stat.S_ISFIFO(os.stat(name, follow_symlinks=False, **at).st_mode):

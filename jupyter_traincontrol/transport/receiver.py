@@ -21,11 +21,11 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from ..protocol import Command, Rejected, Request, parse_request
 
-__all__ = ["CommandChannel", "RejectedListener", "NoticeListener"]
+__all__ = ["CommandChannel", "RejectedListener", "NoticeListener", "Ticker"]
 
 #: How often the reader checks that the channel is still there on disk.
 _HEALTH_CHECK_SECONDS = 0.5
@@ -34,12 +34,25 @@ RejectedListener = Callable[[Rejected], None]
 NoticeListener = Callable[[str], None]
 
 
+class Ticker(Protocol):
+    """What the reader thread drives between reads (`CommandChannel.start`):
+    the run's publisher (`run.publisher.Publisher`)."""
+
+    def due_in(self) -> float:
+        """Seconds until `tick` has something to do (may be infinite)."""
+
+    def tick(self) -> None:
+        """Does what is due; must not raise."""
+
+
 class CommandChannel:
     """Base of the channel kinds: a queue filled by a daemon reader thread.
 
-    The reader thread only reads: it decodes what arrives, queues whole
+    The reader thread reads: it decodes what arrives, queues whole
     commands, reports rejected lines, and repairs the channel on disk if
-    something removed or replaced it.
+    something removed or replaced it. Between two reads it drives the
+    run's `Ticker`, if `start` was given one: the run needs no second
+    thread.
 
     Args:
         folder: The run's private folder; the channel lives inside it.
@@ -77,6 +90,7 @@ class CommandChannel:
         #: queued: the driver of the training is told a command waits.
         self.on_request: Callable[[], None] | None = None
         self._closed = threading.Event()
+        self._ticker: Ticker | None = None
         self._thread = threading.Thread(
             target=self._run_reader, name=f"traincontrol-reader-{name}", daemon=True
         )
@@ -115,8 +129,20 @@ class CommandChannel:
         self._queue.put(parse_request(request))
         self._tell()
 
-    def start(self) -> "CommandChannel":
-        """Starts the reader thread. Returns self."""
+    def wake(self) -> None:
+        """Has the reader thread ask its ticker again at once. Any thread; cheap."""
+        if not self._closed.is_set():
+            self._wake_reader()
+
+    def start(self, ticker: Ticker | None = None) -> "CommandChannel":
+        """Starts the reader thread. Returns self.
+
+        Args:
+            ticker: Driven by the reader thread too: ``ticker.tick()`` is
+                called between reads, whenever ``ticker.due_in()`` says and
+                after each `wake`.
+        """
+        self._ticker = ticker
         self._thread.start()
         return self
 
@@ -147,9 +173,13 @@ class CommandChannel:
         interval = self._health_check_seconds
         next_check = time.monotonic() + interval
         last_problem = None
+        ticker = self._ticker
         while not self._closed.is_set():
             try:
-                self._read_some(max(0.0, next_check - time.monotonic()))
+                timeout = max(0.0, next_check - time.monotonic())
+                self._read_some(timeout if ticker is None else min(timeout, ticker.due_in()))
+                if ticker is not None and not self._closed.is_set():
+                    ticker.tick()
                 if time.monotonic() >= next_check and not self._closed.is_set():
                     next_check = time.monotonic() + interval
                     self._check_health()
@@ -169,7 +199,8 @@ class CommandChannel:
         """Repairs the channel on disk if something removed or replaced it."""
 
     def _wake_reader(self) -> None:
-        """Makes a blocked `_read_some` return at once."""
+        """Makes a blocked `_read_some` return at once (and the next one,
+        if none is blocked now)."""
 
     def _release(self) -> None:
         """Closes descriptors and removes files; runs once, after the reader."""

@@ -8,6 +8,7 @@ in name order, with the same behaviour as a FIFO.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ class SpoolChannel(CommandChannel):
         super().__init__(folder, **kwargs)
         self.path = self.folder / INBOX_NAME
         os.mkdir(self.path, 0o700)
+        self._woken = threading.Event()
 
     @property
     def address(self) -> str:
@@ -55,9 +57,13 @@ class SpoolChannel(CommandChannel):
                     continue
                 decoder = LineDecoder()
                 self._deliver(decoder.feed(data) + decoder.flush())
-            if names or time.monotonic() >= deadline:
+            if names or time.monotonic() >= deadline or self._woken.is_set():
+                self._woken.clear()
                 return
-            self._closed.wait(min(_SPOOL_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            self._woken.wait(min(_SPOOL_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+    def _wake_reader(self) -> None:
+        self._woken.set()
 
     def _check_health(self) -> None:
         if not self.path.is_dir():
