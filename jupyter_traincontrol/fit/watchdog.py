@@ -4,8 +4,9 @@ When `fit` raises (a shape error, a failing callback, a ``KeyboardInterrupt``),
 Keras calls no callback on the way out, so whatever ``on_train_begin`` set
 up (the run's FIFO, record, folder lock, signal handler) would stay.
 `FitWatchdog` remembers the frame of the `fit` call; the run's thread (its
-channel's reader, ticking the publisher) checks it twice a second, and a new run in this process checks it at
-once, so a run whose `fit` is gone is ended (``failed``) without delay.
+channel's reader, ticking the publisher) checks it twice a second, and a new
+run in this process checks it at once, so a run whose `fit` is gone is ended
+(``failed``) without delay.
 """
 
 from __future__ import annotations

@@ -164,11 +164,11 @@ class RunLifecycle:
             self._folder.release()
             self._folder = None
             raise
-        self.publisher = Publisher(self.name, self.publish, on_published=lambda: self.journal.notify(None))
+        self.publisher = Publisher(self.publish, on_published=lambda: self.journal.notify(None))
         self._published_version = None
         self.publish(force=True)  # senders find the channel once `open` returns (it keeps what they write)
         self.publisher.start(wake=self.channel.wake)
-        self.channel.start(ticker=self.publisher)  # one thread per run, after the write (it slows a write down)
+        self.channel.start(ticker=self.publisher)  # one thread per run; started after the write, which it would slow
         return self
 
     def _claim_folder(self) -> RunFolder:

@@ -34,13 +34,11 @@ class Publisher:
     """Ticks for one run, on the thread that drives it (`due_in`, `tick`).
 
     Args:
-        name: The run's name.
         publish: Writes the record if it changed; returns True if it did.
         on_published: Called after each write from the driving thread.
     """
 
-    def __init__(self, name: str, publish: Callable[[bool], bool], on_published: Callable[[], None] | None = None):
-        self.name = name
+    def __init__(self, publish: Callable[[bool], bool], on_published: Callable[[], None] | None = None):
         self._publish = publish
         self._on_published = on_published or (lambda: None)
         self._tick_hooks: list[Callable[[], None]] = []
