@@ -223,3 +223,43 @@ def test_a_save_waiting_when_fit_ends_is_written_then(make_model, tiny_data, tmp
     acks = _acks(control)
     assert acks["p"][0] == acks["q"][0] == "applied"
     assert control.lifecycle.checkpoints()[-1].info["global_step"] == 16  # q, written as fit ended
+
+
+def test_a_snapshot_places_large_arrays_and_writes_the_datasets_of_model_save(tmp_path):
+    """Arrays of 64 KiB and more are placed in the HDF5 image (not copied by
+    h5py); a boolean one cannot be and is written by h5py: every dataset of
+    the file equals model.save's, dtype and bytes, and the file loads."""
+    import io
+    import zipfile
+
+    import h5py
+
+    class Flags(keras.layers.Layer):  # a large boolean weight: not placeable
+        def build(self, input_shape):
+            self.flags = self.add_weight(shape=(70_000,), dtype="bool", initializer="ones", trainable=False)
+
+        def call(self, inputs):
+            return inputs
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(512), Flags(), keras.layers.Dense(3)])
+    model.compile("adam", "mse")
+    model.fit(np.random.rand(16, 64), np.random.rand(16, 3), batch_size=8, verbose=0)
+    snapshot = ModelSnapshot.take(model)
+    snapshot.save(tmp_path / "snap.keras")
+    snapshot.release()
+    model.save(tmp_path / "plain.keras")
+
+    def datasets(path):
+        with zipfile.ZipFile(path) as archive, h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r") as h5:
+            found = {}
+            h5.visititems(lambda name, item: found.setdefault(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+            return found
+
+    ours, plain = datasets(tmp_path / "snap.keras"), datasets(tmp_path / "plain.keras")
+    assert sorted(ours) == sorted(plain)
+    assert any(value.nbytes >= 64 << 10 for value in ours.values())  # the placed path was taken
+    for name, value in plain.items():
+        assert ours[name].dtype == value.dtype and ours[name].tobytes() == value.tobytes(), name
+    loaded = keras.models.load_model(tmp_path / "snap.keras", custom_objects={"Flags": Flags})
+    for a, b in zip(_state(loaded), _state(model), strict=True):
+        assert np.array_equal(a, b)

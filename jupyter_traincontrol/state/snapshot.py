@@ -31,10 +31,10 @@ With ``copy=False`` it keeps views of the variables' buffers instead (no
 memory, no time), for a checkpoint written while the training thread waits.
 
 `ModelSnapshot.save(path)` then writes the ``.keras`` file, on any thread,
-without touching the model (host arrays go to h5py as they are, in slices
-of a few MB so the writer never holds the interpreter lock for long, and
-the HDF5 image is streamed into the zip from its buffer: two copies fewer
-than ``model.save``): the zip holds the same ``metadata.json``,
+without touching the model (`weights_store`: large host arrays are placed
+in the HDF5 image rather than copied into it, and streamed into the zip in
+slices of a few MB, so the writer never holds the interpreter lock for
+long: two copies fewer than ``model.save``): the zip holds the same ``metadata.json``,
 ``config.json``, ``model.weights.h5`` and ``assets/`` as ``model.save``
 would have written at the moment of the snapshot, and
 `keras.models.load_model` opens it; a snapshot holding a NaN or an
@@ -67,12 +67,9 @@ from ..checkpoint import NonFiniteStateError
 from .arrays import is_finite
 from .frozen import as_host_array, copy_into, freeze, host_copy, nbytes_of, view
 from .layout import SnapshotLayout
+from .weights_store import weights_store
 
 __all__ = ["ModelSnapshot", "SnapshotBuffers"]
-
-#: Bytes h5py is handed at a time when the writer writes an array.
-_SLICE_BYTES = 4 << 20
-
 
 class SnapshotBuffers:
     """Host arrays kept between the snapshots of one run, reused by the next.
@@ -208,7 +205,7 @@ class ModelSnapshot:
         with open(path, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
             archive.writestr(saving_lib._METADATA_FILENAME, self._metadata_json)
             archive.writestr(saving_lib._CONFIG_FILENAME, config)
-            store = _WeightsStore(saving_lib._VARS_FNAME_H5, archive=archive, mode="w")
+            store = weights_store(archive)
             store.pace = self.pace
             try:
                 for inner_path, metadata, items in self._entries:
@@ -254,83 +251,3 @@ def _value_of(variable, copy: bool, into_buffers: bool, kept: list, arrays: list
         return host_copy(variable)
     arrays.append(copied)
     return copied
-
-
-def _make_weights_store():
-    import time
-
-    import numpy as np
-    from keras.src import backend
-    from keras.src.saving import saving_lib
-
-    # The lean path leans on H5IOStore's internals (Keras 3.x up to at least
-    # 3.15); where they differ, the store is Keras's own, unchanged.
-    store_init = saving_lib.H5IOStore.__init__.__code__.co_names
-    _LEAN_WRITE = hasattr(saving_lib.H5IOStore, "_create_h5_group") and all(
-        name in store_init for name in ("h5_file", "io_file", "archive", "path_or_io", "_h5_entry_initialized"))
-
-    class WeightsStore(saving_lib.H5IOStore):
-        """Keras's ``.weights.h5`` writer, without its two extra copies.
-
-        Host arrays go to h5py as they are (Keras converts every value with
-        ``convert_to_numpy``, a copy of an array already on the host), and
-        the finished HDF5 image is streamed into the zip from its buffer
-        (Keras copies it out with ``getvalue()`` first). Same file.
-        """
-
-        def __setitem__(self, key, value):
-            if not isinstance(value, np.ndarray) or backend.standardize_dtype(value.dtype) == "bfloat16" \
-                    or not _LEAN_WRITE:
-                return super().__setitem__(key, value)
-            if not self._h5_entry_initialized:
-                self._create_h5_group(self._h5_entry_path)
-            group = self._h5_entry_group
-            if value.nbytes <= _SLICE_BYTES or value.ndim == 0 or value.shape[0] < 2:
-                group[key] = value
-                return
-            # The same dataset, written in slices: h5py holds the interpreter
-            # lock while it copies, and training threads need it between steps.
-            dataset = group.create_dataset(key, shape=value.shape, dtype=value.dtype)
-            rows = max(1, _SLICE_BYTES // max(1, value.nbytes // value.shape[0]))
-            for start in range(0, value.shape[0], rows):
-                begin = time.perf_counter()
-                dataset[start:start + rows] = value[start:start + rows]
-                self._paced(time.perf_counter() - begin)
-
-        def _paced(self, seconds):
-            pace = getattr(self, "pace", None)
-            if pace is not None:
-                pace(seconds)
-
-        def close(self):
-            if not _LEAN_WRITE:
-                return super().close()
-            self.h5_file.close()
-            if self.mode == "w" and self.archive:
-                buffer = self.io_file.getbuffer()
-                try:
-                    info = zipfile.ZipInfo(str(self.path_or_io), date_time=time.localtime(time.time())[:6])
-                    info.compress_type = self.archive.compression
-                    info.external_attr = 0o600 << 16  # as ZipFile.writestr
-                    info.file_size = len(buffer)
-                    with self.archive.open(info, "w") as entry:
-                        for start in range(0, len(buffer), _SLICE_BYTES):
-                            begin = time.perf_counter()
-                            entry.write(buffer[start:start + _SLICE_BYTES])
-                            self._paced(time.perf_counter() - begin)
-                finally:
-                    buffer.release()
-            if self.io_file:
-                self.io_file.close()
-
-    return WeightsStore
-
-
-_WEIGHTS_STORE = None
-
-
-def _WeightsStore(*args, **kwargs):
-    global _WEIGHTS_STORE
-    if _WEIGHTS_STORE is None:
-        _WEIGHTS_STORE = _make_weights_store()
-    return _WEIGHTS_STORE(*args, **kwargs)
