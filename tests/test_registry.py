@@ -41,6 +41,48 @@ def test_claim_makes_private_folders_and_a_record(runtime_dir):
     assert list_runs() == []
 
 
+def test_a_replaced_record_kept_for_later_is_freed_by_free_replaced_and_by_release(runtime_dir):
+    folder = RunFolder.claim("kept")
+    try:
+        folder.write_record({"state": "running"}, keep_replaced=True)
+        kept = sorted(folder.path.glob(".run.json.replaced-*"))
+        assert len(kept) == 1 and json.loads(kept[0].read_text())["state"] == "starting"  # the claim's record
+        assert find_run("kept")["state"] == "running"  # readers see only the new one
+        folder.write_record({"state": "running", "epoch": 1})  # a plain write keeps nothing
+        assert sorted(folder.path.glob(".run.json.replaced-*")) == kept
+        folder.free_replaced()
+        assert not list(folder.path.glob(".run.json.replaced-*"))
+        folder.write_record({"state": "finished"}, keep_replaced=True)
+        assert len(list(folder.path.glob(".run.json.replaced-*"))) == 1
+    finally:
+        folder.release()
+    assert not folder.path.exists()
+
+
+def test_the_run_thread_does_the_chores_left_to_it_and_drops_them_once_stopped():
+    from jupyter_traincontrol.run.publisher import Publisher
+
+    published, woken, done = [], [], []
+    publisher = Publisher(lambda soon: published.append(soon) or True)
+    publisher.run_soon(lambda: done.append("before start"))  # not running: dropped
+    publisher.start(wake=lambda: woken.append(1))
+    publisher.run_soon(lambda: done.append("chore"))
+    assert woken and 0 <= publisher.due_in() <= 0.01
+    time.sleep(0.01)
+    publisher.tick()
+    assert done == ["chore"] and published == []  # a chore is no reason to write the record
+    publisher.publish_soon(delay=5.0)
+    publisher.publish_soon()  # sooner: it wins
+    assert publisher.due_in() <= 0.01
+    time.sleep(0.01)
+    publisher.tick()
+    assert published == [True]
+    publisher.run_soon(lambda: done.append("too late"))
+    publisher.stop()
+    publisher.tick()
+    assert done == ["chore"] and publisher.due_in() == float("inf")
+
+
 def test_a_live_name_cannot_be_taken_twice():
     folder = RunFolder.claim("alpha")
     folder.write_record({"state": "running"})
@@ -260,3 +302,50 @@ def test_a_run_has_one_thread_which_publishes_soon_and_ticks(runtime_dir, tmp_pa
     assert not [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("traincontrol-")]
     run.publish_soon()  # after close: nothing to wake
     assert find_run("onethread")["state"] == "finished"
+
+
+def test_a_short_fit_writes_two_records_and_a_longer_one_shows_running_and_its_values_soon(
+        make_model, tiny_data, tmp_path, monkeypatch):
+    """A fit that ends before a just-opened run would show ``running`` writes
+    its record twice (open, end); the values ``set`` changes are read once on
+    the training thread (at the epoch's end). A longer fit shows ``running``,
+    with those values, read by the run's own thread."""
+    import keras
+
+    from jupyter_traincontrol import ControlCallback
+    from jupyter_traincontrol.boundary.tunables import Tunables
+    from jupyter_traincontrol.registry import RunFolder
+    from jupyter_traincontrol.run import lifecycle
+
+    writes, reads = [], []
+    write_record, read = RunFolder.write_record, Tunables.read
+    monkeypatch.setattr(RunFolder, "write_record", lambda self, record, *more: (
+        writes.append(record["state"]), write_record(self, record, *more))[1])
+    monkeypatch.setattr(Tunables, "read", lambda self, *names: (
+        reads.append(threading.current_thread().name), read(self, *names))[1])
+    model, (x, y) = make_model(), tiny_data
+    callback = ControlCallback(name="short", checkpoint_dir=tmp_path / "ck", save_at_end=False, verbose=False,
+                               handle_sigint=False)
+    model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])  # built and traced
+    writes.clear(), reads.clear()
+    started_delay = lifecycle._STARTED_DELAY
+    monkeypatch.setattr(lifecycle, "_STARTED_DELAY", 30.0)  # the fit surely ends first
+    model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])
+    assert writes == ["starting", "finished"]
+    assert reads == [threading.current_thread().name]
+    assert find_run("short")["tunables"]["learning_rate"] == pytest.approx(0.01)
+
+    monkeypatch.setattr(lifecycle, "_STARTED_DELAY", started_delay)
+    seen = []
+
+    class WaitForRunning(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                wait_until(lambda: find_run("short")["state"] == "running", timeout=10, message="running shown")
+                seen.append((find_run("short")["tunables"], list(reads)))
+
+    reads.clear()
+    model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback, WaitForRunning()])
+    shown, read_by = seen[0]
+    assert shown["learning_rate"] == pytest.approx(0.01)
+    assert read_by == ["traincontrol-reader-short"]

@@ -36,20 +36,24 @@ from typing import Any
 
 from ..checkpoint import Checkpoint, CheckpointStore
 from ..protocol import END_REASONS, FINAL_STATES, Command, Rejected, Request, RunState, as_state, end_reason
-from ..registry import NameTakenError, RunFolder, unique_name, validate_name
+from ..registry import RunFolder, validate_name
 from ..transport.channels import open_channel
 from ..transport.receiver import CommandChannel
 from ..transport.send import ChannelError, NotListeningError, deliver, with_id
 from .history import RunHistory
 from .journal import Journal, Listener, RunEvent
 from .progress import ProgressSource, RunProgress
-from .publisher import PUBLISH_INTERVAL_SECONDS, Publisher
+from .publisher import PUBLISH_INTERVAL_SECONDS, SOON_DELAY, Publisher
 from .record import RecordFields, build_record
 from .state_machine import StateMachine
 
 __all__ = ["RunLifecycle", "RunEvent"]
 
 logger = logging.getLogger("jupyter_traincontrol")
+
+#: How long a run that has just opened may still show ``starting`` once it
+#: runs: a `fit` shorter than this writes one record fewer (two in all).
+_STARTED_DELAY = 0.1
 
 
 class RunLifecycle:
@@ -140,7 +144,7 @@ class RunLifecycle:
         if previous is None or previous.name != (self._requested_name or previous.name) \
                 or not previous.reopen(self.run_id):  # an ended run of this object: its folder serves again
             self.forget()  # the record of an earlier, ended run of this object
-            self._folder = self._claim_folder()
+            self._folder = RunFolder.claim_any(self._requested_name, self._registry, run_id=self.run_id)
         self.name = self._folder.name
         self.store = CheckpointStore(  # the tool's own default folder is made private
             self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
@@ -166,20 +170,11 @@ class RunLifecycle:
             raise
         self.publisher = Publisher(self.publish, on_published=lambda: self.journal.notify(None))
         self._published_version = None
-        self.publish(force=True)  # senders find the channel once `open` returns (it keeps what they write)
+        self.publish(force=True, keep_replaced=True)  # senders find the channel once `open` returns
         self.publisher.start(wake=self.channel.wake)
         self.channel.start(ticker=self.publisher)  # one thread per run; started after the write, which it would slow
+        self.publisher.run_soon(self._folder.free_replaced)  # what this and earlier runs' ends replaced
         return self
-
-    def _claim_folder(self) -> RunFolder:
-        if self._requested_name is not None:
-            return RunFolder.claim(self._requested_name, self._registry, run_id=self.run_id)
-        for _attempt in range(20):
-            try:
-                return RunFolder.claim(unique_name("run", self._registry), self._registry, run_id=self.run_id)
-            except NameTakenError:
-                continue  # another process took it between listing and claiming
-        raise NameTakenError("Could not find a free run name; pass name= explicitly.")
 
     def close(self, final_state: RunState | str, error: str | None = None, end_reason: str | None = None) -> None:
         """Ends the run: stops the publisher, closes the channel (joining the
@@ -240,7 +235,9 @@ class RunLifecycle:
     def _moved(self, state: RunState) -> None:
         self.journal.log("state", str(state))
         if state in FINAL_STATES:
-            self.publish(force=True)  # the last record, before the folder is sealed
+            self.publish(force=True, keep_replaced=True)  # the last record, before the folder is sealed
+        elif state is RunState.RUNNING and self.states.moves == 1:  # just opened: a short fit ends first,
+            self.publish_soon(_STARTED_DELAY)  # and writes one record fewer
         else:
             self.publish_soon()  # by the run's thread, at once
 
@@ -316,9 +313,10 @@ class RunLifecycle:
             extras=self._record_fields,
         )
 
-    def publish(self, force: bool = False) -> bool:
+    def publish(self, force: bool = False, keep_replaced: bool = False) -> bool:
         """Writes the record if it changed since the last write and half a
-        second has passed (with `force`: now, if it changed).
+        second has passed (with `force`: now, if it changed; `keep_replaced`,
+        for the training thread: see `RunFolder.write_record`).
 
         Returns:
             True if the record was written.
@@ -331,19 +329,20 @@ class RunLifecycle:
         if version == self._published_version or not force and now - self._last_publish < PUBLISH_INTERVAL_SECONDS:
             return False
         try:
-            folder.write_record(self.record())
+            folder.write_record(self.record(), keep_replaced)
         except OSError as error:
             logger.warning("Could not write the record of run %r: %s", self.name, error)
             return False
         self._published_version, self._last_publish = version, now
         return True
 
-    def publish_soon(self) -> None:
-        """Has the run's thread write the record now (if it changed), off
-        this thread; once the publisher has stopped, writes it here."""
+    def publish_soon(self, delay: float = SOON_DELAY) -> None:
+        """Has the run's thread write the record within `delay` seconds (if
+        it changed), off this thread; once the publisher has stopped,
+        writes it here."""
         publisher = self.publisher
         if publisher is not None and publisher.running:
-            publisher.publish_soon()
+            publisher.publish_soon(delay)
         else:
             self.publish(force=True)
 

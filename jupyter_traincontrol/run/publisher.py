@@ -10,7 +10,8 @@ if it changed (`RunLifecycle.publish`, which writes at most twice a second),
 and tells the listeners (the panels) when it did. `publish_soon` has it
 write the record within a few milliseconds, off the caller's thread (the
 training thread answers commands that way: writing the record itself took
-it 1-3 ms).
+it 1-3 ms), and `run_soon` has it do other work the caller leaves to it
+(freeing the records the training thread replaced).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["Publisher", "PUBLISH_INTERVAL_SECONDS"]
+__all__ = ["Publisher", "PUBLISH_INTERVAL_SECONDS", "SOON_DELAY"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
 PUBLISH_INTERVAL_SECONDS = 0.5
 #: How long `publish_soon` lets its caller go on before the record is written
 #: (writing it takes the interpreter lock for a millisecond or two).
-_SOON_DELAY = 0.002
+SOON_DELAY = 0.002
 
 
 class Publisher:
@@ -46,6 +47,8 @@ class Publisher:
         self._wake: Callable[[], None] | None = None  # the driver's: makes its wait return at once
         self._next_tick = 0.0
         self._soon_at: float | None = None  # when a `publish_soon` is due
+        self._chores: list[Callable[[], None]] = []  # left by `run_soon` for the driving thread
+        self._chores_at: float | None = None  # when they are due
 
     def add_tick_hook(self, hook: Callable[[], None]) -> None:
         """Calls `hook()` from the driving thread about twice a second."""
@@ -70,25 +73,46 @@ class Publisher:
         """
         with self._lock:
             self._next_tick = time.monotonic() + PUBLISH_INTERVAL_SECONDS
-            self._soon_at = None
+            self._soon_at = self._chores_at = None
+            self._chores = []
             self._wake = wake
 
     def stop(self) -> None:
-        """Stops ticking: a pending `publish_soon` is dropped (the run's
-        closing writes the last record: a short `fit` waits for no other).
-        Idempotent."""
+        """Stops ticking: a pending `publish_soon` or `run_soon` is dropped
+        (the run's closing writes the last record: a short `fit` waits for
+        no other). Idempotent."""
         with self._lock:
             self._wake = None
-            self._soon_at = None
+            self._soon_at = self._chores_at = None
+            self._chores = []
 
-    def publish_soon(self) -> None:
-        """Has the driving thread write the record within `_SOON_DELAY` (if
-        it changed). Any thread; cheap."""
+    def run_soon(self, chore: Callable[[], None]) -> None:
+        """Has the driving thread call `chore()` within `SOON_DELAY` (work
+        the caller leaves to it); dropped if the publisher stops first. Any thread."""
         with self._lock:
             wake = self._wake
-            if wake is None or self._soon_at is not None:
+            if wake is None:
                 return
-            self._soon_at = time.monotonic() + _SOON_DELAY  # the caller finishes its boundary first
+            self._chores.append(chore)
+            if self._chores_at is None:
+                self._chores_at = time.monotonic() + SOON_DELAY
+        wake()
+
+    def publish_soon(self, delay: float = SOON_DELAY) -> None:
+        """Has the driving thread write the record within `delay` seconds
+        (if it changed; a write already due sooner stays as it is). Any
+        thread; cheap.
+
+        Args:
+            delay: How long the caller may go on first (the default lets it
+                finish its boundary before the write takes the interpreter lock).
+        """
+        with self._lock:
+            wake = self._wake
+            due = time.monotonic() + delay
+            if wake is None or self._soon_at is not None and self._soon_at <= due:
+                return
+            self._soon_at = due
         wake()
 
     def due_in(self) -> float:
@@ -96,30 +120,33 @@ class Publisher:
         with self._lock:
             if self._wake is None:
                 return float("inf")
-            due = self._next_tick if self._soon_at is None else min(self._next_tick, self._soon_at)
+            due = min(at for at in (self._next_tick, self._soon_at, self._chores_at) if at is not None)
         return max(0.0, due - time.monotonic())
 
     def tick(self) -> None:
-        """Does what is due: the tick hooks and a publish every half second, a
-        `publish_soon`'s write when its delay has passed. Driving thread only."""
+        """Does what is due: the chores `run_soon` left, the tick hooks and a
+        publish every half second, a `publish_soon`'s write when its delay
+        has passed. Driving thread only."""
         now = time.monotonic()
         with self._lock:
             if self._wake is None:
                 return
+            chores: list[Callable[[], None]] = []
+            if self._chores_at is not None and now >= self._chores_at:
+                chores, self._chores, self._chores_at = self._chores, [], None
             ticking = now >= self._next_tick
             soon = self._soon_at is not None and now >= self._soon_at
-            if not (ticking or soon):
-                return
             if soon:
                 self._soon_at = None
             if ticking:
                 self._next_tick = now + PUBLISH_INTERVAL_SECONDS
-        if ticking:
-            for hook in list(self._tick_hooks):
-                try:
-                    hook()
-                except Exception:
-                    logger.exception("A run tick hook failed")
+        for work in chores + (list(self._tick_hooks) if ticking else []):
+            try:
+                work()
+            except Exception:
+                logger.exception("A run tick hook or chore failed")
+        if not (ticking or soon):
+            return
         try:
             if self.running and self._publish(soon):
                 self._on_published()
