@@ -65,6 +65,39 @@ def test_stop_checkpoints_then_ends_fit_gracefully(make_model, tiny_data, ckpt):
     assert any(e["message"] == "stop received" for e in record["events"])
 
 
+class InjectAtEpochBegin(keras.callbacks.Callback):
+    """Queues `lines` when epoch `epoch` begins (placed before the control
+    callback: they wait at the epoch's first boundary)."""
+
+    def __init__(self, control, epoch, *lines):
+        super().__init__()
+        self.control, self.epoch, self.lines = control, epoch, lines
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            for index, line in enumerate(self.lines):
+                self.control.lifecycle.channel.inject(f"{line} #begin{index}")
+
+
+@pytest.mark.parametrize("lines", [("stop",), ("pause", "stop")], ids=["stop", "pause-then-stop"])
+def test_a_stop_at_an_epochs_begin_ends_fit_at_its_checkpoints_step(make_model, tiny_data, ckpt, lines):
+    """Keras runs a step after on_epoch_begin before it checks stop_training:
+    a stop that comes there acts after that step, so the model that fit
+    leaves is the one in the stop's checkpoint (seen once under
+    MirroredStrategy: checkpoint at step 16, model at 17)."""
+    model = make_model()
+    control = ControlCallback(name="atbegin", checkpoint_dir=ckpt)
+    history = fit(model, tiny_data, InjectAtEpochBegin(control, 1, *lines), control)
+    assert history.epoch == [0, 1] and control.state == "stopped"
+    (checkpoint,) = control.checkpoints
+    info = read_sidecar(checkpoint)
+    assert (info["epoch"], info["step_in_epoch"], info["reason"]) == (1, 1, "stop")
+    assert info["global_step"] == 8 + 1 == int(model.optimizer.iterations.numpy())
+    record = find_run("atbegin")
+    assert sorted(i for a in record["acks"] if a["outcome"] == "applied" for i in a["ids"]) == [
+        f"begin{index}" for index in range(len(lines))]
+
+
 def test_save_writes_a_checkpoint_and_training_goes_on(make_model, tiny_data, ckpt):
     model = make_model()
     control = ControlCallback(name="saver", checkpoint_dir=ckpt, save_at_end=False)  # the save's checkpoint only

@@ -59,6 +59,8 @@ class CommandActions:
         self.ending_request: Request | None = None  # the stop or abort that ended the training
         self.ended_by_nan = False
         self.interrupted = False
+        self._before_step = False  # this boundary comes before a step that runs whatever is done here
+        self._deferred: Request | None = None  # a stop that came there: it acts after that step
         self._end = end
         self._say = say
         self._channel = channel
@@ -78,7 +80,8 @@ class CommandActions:
     def pending(self) -> bool:
         """True when a command waits, or saves wait for a free writer (cheap)."""
         channel = self._channel
-        return channel is not None and (channel.pending or (self.saves.due and self.saves.ready))
+        return channel is not None and (channel.pending or self._deferred is not None
+                                        or (self.saves.due and self.saves.ready))
 
     def detach(self) -> None:
         """Stops taking commands (the run has ended); a held pause lets go.
@@ -86,19 +89,35 @@ class CommandActions:
         self._channel = None
         self.saves.close()
 
-    def apply_pending(self, mid_epoch: bool) -> None:
-        """Applies every waiting request, then publishes the record once."""
+    def apply_pending(self, mid_epoch: bool, before_step: bool = False) -> None:
+        """Applies every waiting request, then publishes the record once.
+
+        Args:
+            mid_epoch: The boundary follows a training step of the epoch.
+            before_step: The boundary is one the trainer runs a step after
+                whatever is done here (`fit`'s train and epoch begin: Keras
+                checks ``stop_training`` only after a step). A ``stop`` is
+                then kept, with the requests after it, for the boundary
+                after that step, so `fit` still ends at its checkpoint's step.
+        """
         if not self.pending:
             return
         self.progress.mid_epoch = mid_epoch
+        self._before_step = before_step
         self.trained.sync()  # the one sync of this boundary: what follows reads the state as it is now
         channel = self._channel
-        while (request := channel.pop()) is not None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._apply(deferred)
+        while self._deferred is None and (request := channel.pop()) is not None:
             self._apply(request)
         self.saves.start_due()
         self.run.publish_soon()  # senders see their acks now (written by the run's thread)
 
     def _apply(self, request: Request) -> None:
+        if self._before_step and request.command is Command.STOP and self.ended_by is None:
+            self._deferred = request
+            return
         journal = self.run.journal
         journal.log("command", f"{request.command} received")
         outcome = self._actions[request.command](request)
@@ -156,8 +175,10 @@ class CommandActions:
             else:
                 self._apply(request)
                 self.saves.start_due()
+            if self._deferred is not None:  # a stop before a step: the pause ends, the stop acts after it
+                run.move_to(RunState.RUNNING)
             run.publish(force=True)  # the sender sees its ack now
-            if self.ended_by is not None:
+            if self.ended_by is not None or self._deferred is not None:
                 return
 
     def _set(self, request: Request) -> Outcome:

@@ -9,8 +9,7 @@ batch. The boundary layer reads it to know where a checkpoint is taken
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..checkpoint import TrainingPosition
 from ..run.progress import RunProgress
@@ -37,8 +36,6 @@ class TrainingProgress:
         metrics: The latest logs.
         global_step: The optimizer's step as of the last checkpoint, resume
             or rollback (None until then).
-        tunables: What ``set`` can change, and its values as last read
-            (`set_tunables`, `read_tunables_later`).
         tunables: What ``set`` can change, and the current values.
         last_batch_ends_epoch: True where nothing of the epoch runs after
             its last batch (``fit``: its epoch-end work is the callbacks').
@@ -63,44 +60,17 @@ class TrainingProgress:
         self.in_validation = False
         self.metrics: dict[str, Any] = {}
         self.global_step: int | None = None
-        self.tunables: Mapping[str, float | None] = {}
-        self._tunables_lock = threading.Lock()
-        self._read_tunables: Callable[[], Mapping[str, float | None]] | None = None
+        self.tunables: dict[str, float | None] = {}
         self.last_batch_ends_epoch = True
         self.pinned: TrainingPosition | None = None
         self.version = 0
-
-    def set_tunables(self, values: Mapping[str, float | None]) -> None:
-        """The values of the tunables, just read (the record shows them)."""
-        with self._tunables_lock:
-            self.tunables, self._read_tunables = values, None
-        self.version += 1
-
-    def read_tunables_later(self, read: Callable[[], Mapping[str, float | None]]) -> None:
-        """Has the next `progress` read the tunables with `read` (on the
-        thread that publishes the record), unless `set_tunables` comes
-        first: a short `fit` that reads them at its epoch's end anyway
-        reads them once, not twice, on the training thread."""
-        with self._tunables_lock:
-            self._read_tunables = read
-        self.version += 1
 
     def progress(self) -> RunProgress:
         """The progress as the run shows it (epochs counted from 1)."""
         return RunProgress(
             epoch=self.epoch + 1 if self.epoch_begun else 0, epochs=self.epochs, step=self.step, steps=self.steps,
-            global_step=self.global_step, metrics=dict(self.metrics), tunables=dict(self._current_tunables()),
+            global_step=self.global_step, metrics=dict(self.metrics), tunables=dict(self.tunables),
         )
-
-    def _current_tunables(self) -> Mapping[str, float | None]:
-        read = self._read_tunables
-        if read is None:
-            return self.tunables
-        values = read()  # outside the lock: a read of a device value may take a while
-        with self._tunables_lock:
-            if self._read_tunables is read:  # else values set meanwhile are newer
-                self.tunables, self._read_tunables = values, None
-            return self.tunables
 
     def position(self, global_step: int | None) -> TrainingPosition:
         """The position a checkpoint taken now records.

@@ -85,8 +85,7 @@ class Steering:
 
     def begin(self, resumed: Checkpoint | None = None) -> None:
         """At train begin: applies again what the resumed checkpoint's
-        sidecar says was steered; the current values are read for the
-        record when it is next written."""
+        sidecar says was steered, and publishes the current values."""
         steered = dict((resumed.info.get("tunables") or {}) if resumed is not None else {})
         if steered:
             known = set(self.tunables.names())
@@ -100,7 +99,7 @@ class Steering:
                 self._warn(f"Resume: the steered values of {resumed.path.name} were not set again: {error}")
             else:
                 self._record(changes, f"resume from {resumed.path.name}")
-        self.progress.read_tunables_later(self.tunables.read)
+        self._publish_values()
 
     # set -----------------------------------------------------------------------
 
@@ -262,7 +261,8 @@ class Steering:
         self.journal.add_change(change)
 
     def _publish_values(self, values: dict | None = None) -> None:
-        self.progress.set_tunables(self.tunables.read() if values is None else values)
+        self.progress.tunables = self.tunables.read() if values is None else values
+        self.progress.version += 1
 
     def _warn(self, message: str) -> None:
         self.journal.log("warning", message)

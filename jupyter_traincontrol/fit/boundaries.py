@@ -111,11 +111,14 @@ class Boundaries:
         elif dispatch.held:
             dispatch.release(self.wanted)
 
-    def at_boundary(self, mid_epoch: bool = False) -> None:
+    def at_boundary(self, mid_epoch: bool = False, before_step: bool = False) -> None:
         """An epoch's begin or end, a validation batch: on the training
-        thread, every step dispatched is done; what waits acts now."""
+        thread, every step dispatched is done; what waits acts now (at an
+        epoch's begin, `before_step`: a ``stop`` after the next step, see
+        `CommandActions.apply_pending`; in a job, agreed requests come due at
+        a step's end, and act where they do)."""
         self.catch_up()
-        self._act(mid_epoch)
+        self._act(mid_epoch, before_step and self._gate is None)
 
     def catch_up(self) -> None:
         """Counts the steps whose batch-end hooks ran on the pool (after
@@ -151,7 +154,7 @@ class Boundaries:
         with self._lock:
             self._non_finite.append((loss, self.progress.epoch, batch))
 
-    def _act(self, mid_epoch: bool) -> None:
+    def _act(self, mid_epoch: bool, before_step: bool = False) -> None:
         gate = self._gate
         if gate is not None:
             gate.acting()  # a job: this process may say it acts here
@@ -160,7 +163,7 @@ class Boundaries:
                 noted, self._non_finite = self._non_finite, []
             if noted:
                 self._on_non_finite(*noted[0])  # the first one: the policy acts once for them all
-            self.actions.apply_pending(mid_epoch=mid_epoch)
+            self.actions.apply_pending(mid_epoch=mid_epoch, before_step=before_step)
             if gate is None or not gate.acted():
                 break
         self.dispatch.release(self.wanted)

@@ -224,7 +224,7 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         session = self._session
         session.epoch_began(epoch)
-        session.boundaries.at_boundary()
+        session.boundaries.at_boundary(before_step=True)  # Keras runs a step before it checks stop_training
 
     def on_train_batch_begin(self, batch, logs=None):
         # Always on the training thread: counts the step, and (in a job) waits at an agreed one.

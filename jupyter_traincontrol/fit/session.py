@@ -201,8 +201,8 @@ class FitSession:
                      f"`echo stop > {run.address}`.")
         if run.state == RunState.STOPPING:  # the run was stopped before this fit
             self.model.stop_training = True
-        else:  # commands sent while no fit ran act before the first batch
-            self.actions.apply_pending(mid_epoch=False)
+        else:  # commands sent while no fit ran act before the first batch (a stop: after it)
+            self.actions.apply_pending(mid_epoch=False, before_step=self.job is None)
 
     def _resume(self, store) -> None:
         run, resume_from = self.run, self.callback.resume_from

@@ -152,7 +152,7 @@ class RunFolder:
         name = f".{RECORD_NAME}.replaced-{uuid.uuid4().hex[:12]}"
         try:
             os.link(RECORD_NAME, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd, follow_symlinks=False)
-        except OSError:
+        except (OSError, NotImplementedError):
             return  # no record yet, or no hard links here: the rename frees it
         self._replaced.append(name)
 
