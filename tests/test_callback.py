@@ -261,7 +261,8 @@ def test_a_failing_fit_marks_the_run_failed_and_releases_everything(make_model, 
     with pytest.raises(RuntimeError, match="boom"):
         fit(model, tiny_data, control, At(1, 2, explode))
     wait_until(lambda: control.state == "failed", message="the watchdog to notice")
-    assert find_run("crash")["state"] == "failed"
+    # The run's thread writes the record once it has marked the run failed.
+    wait_until(lambda: find_run("crash")["state"] == "failed", timeout=5, message="the failed record")
     with pytest.raises(NotListeningError):
         control.send("stop")
 

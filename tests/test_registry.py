@@ -304,39 +304,28 @@ def test_a_run_has_one_thread_which_publishes_soon_and_ticks(runtime_dir, tmp_pa
     assert find_run("onethread")["state"] == "finished"
 
 
-def test_a_short_fit_writes_two_records_and_a_longer_one_shows_running_soon(make_model, tiny_data, tmp_path,
-                                                                             monkeypatch):
-    """A fit that ends before a just-opened run would show ``running`` writes
-    its record twice (open, end); a longer fit shows ``running`` (and the
-    values ``set`` changes) while it trains."""
-    import keras
-
+def test_the_training_threads_record_writes_leave_freeing_the_replaced_file_to_the_runs_thread(
+        make_model, tiny_data, tmp_path, monkeypatch):
+    """The writes of a fit's opening and end keep the replaced record under a
+    second name (the rename then frees nothing); the next run's thread
+    removes them: reused fits leave at most the last end's."""
     from jupyter_traincontrol import ControlCallback
     from jupyter_traincontrol.registry import RunFolder
-    from jupyter_traincontrol.run import lifecycle
 
     writes = []
     write_record = RunFolder.write_record
-    monkeypatch.setattr(RunFolder, "write_record", lambda self, record, *more: (
-        writes.append(record["state"]), write_record(self, record, *more))[1])
+    monkeypatch.setattr(RunFolder, "write_record", lambda self, record, keep=False: (
+        writes.append((threading.current_thread().name, record["state"], keep)), write_record(self, record, keep))[1])
     model, (x, y) = make_model(), tiny_data
     callback = ControlCallback(name="short", checkpoint_dir=tmp_path / "ck", save_at_end=False, verbose=False,
                                handle_sigint=False)
-    model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])  # built and traced
-    writes.clear()
-    started_delay = lifecycle._STARTED_DELAY
-    monkeypatch.setattr(lifecycle, "_STARTED_DELAY", 30.0)  # the fit surely ends first
-    model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])
-    assert writes == ["starting", "finished"]
-
-    monkeypatch.setattr(lifecycle, "_STARTED_DELAY", started_delay)
-    seen = []
-
-    class WaitForRunning(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            if batch == 0:
-                wait_until(lambda: find_run("short")["state"] == "running", timeout=10, message="running shown")
-                seen.append(find_run("short")["tunables"])
-
-    model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback, WaitForRunning()])
-    assert seen[0]["learning_rate"] == pytest.approx(0.01)
+    folder = None
+    for _fit in range(4):
+        model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])
+        folder = callback.lifecycle._folder.path
+        assert len(list(folder.glob(".run.json.replaced-*"))) <= 2  # this fit's end's, and its opening's if not yet freed
+    training = threading.current_thread().name
+    assert {(state, keep) for thread, state, keep in writes if thread == training} == {("starting", True),
+                                                                                        ("finished", True)}
+    assert all(not keep for thread, _state, keep in writes if thread != training)
+    assert find_run("short")["state"] == "finished"

@@ -43,17 +43,13 @@ from ..transport.send import ChannelError, NotListeningError, deliver, with_id
 from .history import RunHistory
 from .journal import Journal, Listener, RunEvent
 from .progress import ProgressSource, RunProgress
-from .publisher import PUBLISH_INTERVAL_SECONDS, SOON_DELAY, Publisher
+from .publisher import PUBLISH_INTERVAL_SECONDS, Publisher
 from .record import RecordFields, build_record
 from .state_machine import StateMachine
 
 __all__ = ["RunLifecycle", "RunEvent"]
 
 logger = logging.getLogger("jupyter_traincontrol")
-
-#: How long a run that has just opened may still show ``starting`` once it
-#: runs: a `fit` shorter than this writes one record fewer (two in all).
-_STARTED_DELAY = 0.1
 
 
 class RunLifecycle:
@@ -236,8 +232,6 @@ class RunLifecycle:
         self.journal.log("state", str(state))
         if state in FINAL_STATES:
             self.publish(force=True, keep_replaced=True)  # the last record, before the folder is sealed
-        elif state is RunState.RUNNING and self.states.moves == 1:  # just opened: a short fit ends first,
-            self.publish_soon(_STARTED_DELAY)  # and writes one record fewer
         else:
             self.publish_soon()  # by the run's thread, at once
 
@@ -336,13 +330,12 @@ class RunLifecycle:
         self._published_version, self._last_publish = version, now
         return True
 
-    def publish_soon(self, delay: float = SOON_DELAY) -> None:
-        """Has the run's thread write the record within `delay` seconds (if
-        it changed), off this thread; once the publisher has stopped,
-        writes it here."""
+    def publish_soon(self) -> None:
+        """Has the run's thread write the record now (if it changed), off
+        this thread; once the publisher has stopped, writes it here."""
         publisher = self.publisher
         if publisher is not None and publisher.running:
-            publisher.publish_soon(delay)
+            publisher.publish_soon()
         else:
             self.publish(force=True)
 

@@ -36,8 +36,6 @@ class StateMachine:
         self._state = RunState.STARTING
         self._lock = threading.RLock()
         self._on_move = on_move or (lambda state: None)
-        #: Moves made since ``starting`` (1 in `on_move` of the first).
-        self.moves = 0
 
     @property
     def state(self) -> RunState:
@@ -53,7 +51,6 @@ class StateMachine:
         """Back to ``starting`` (a new run of the same object); not a move."""
         with self._lock:
             self._state = RunState.STARTING
-            self.moves = 0
 
     def move_to(self, state: RunState | str) -> bool:
         """Moves the run to `state`.
@@ -75,6 +72,5 @@ class StateMachine:
             if state not in TRANSITIONS.get(current, ()):
                 raise InvalidTransitionError(f"A run that is {current} cannot become {state}.")
             self._state = state
-            self.moves += 1
         self._on_move(state)
         return True
