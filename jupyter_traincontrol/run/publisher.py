@@ -21,14 +21,14 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["Publisher", "PUBLISH_INTERVAL_SECONDS", "SOON_DELAY"]
+__all__ = ["Publisher", "PUBLISH_INTERVAL_SECONDS"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
 PUBLISH_INTERVAL_SECONDS = 0.5
 #: How long `publish_soon` lets its caller go on before the record is written
 #: (writing it takes the interpreter lock for a millisecond or two).
-SOON_DELAY = 0.002
+_SOON_DELAY = 0.002
 
 
 class Publisher:
@@ -87,7 +87,7 @@ class Publisher:
             self._chores = []
 
     def run_soon(self, chore: Callable[[], None]) -> None:
-        """Has the driving thread call `chore()` within `SOON_DELAY` (work
+        """Has the driving thread call `chore()` within `_SOON_DELAY` (work
         the caller leaves to it); dropped if the publisher stops first. Any thread."""
         with self._lock:
             wake = self._wake
@@ -95,24 +95,17 @@ class Publisher:
                 return
             self._chores.append(chore)
             if self._chores_at is None:
-                self._chores_at = time.monotonic() + SOON_DELAY
+                self._chores_at = time.monotonic() + _SOON_DELAY
         wake()
 
-    def publish_soon(self, delay: float = SOON_DELAY) -> None:
-        """Has the driving thread write the record within `delay` seconds
-        (if it changed; a write already due sooner stays as it is). Any
-        thread; cheap.
-
-        Args:
-            delay: How long the caller may go on first (the default lets it
-                finish its boundary before the write takes the interpreter lock).
-        """
+    def publish_soon(self) -> None:
+        """Has the driving thread write the record within `_SOON_DELAY` (if
+        it changed). Any thread; cheap."""
         with self._lock:
             wake = self._wake
-            due = time.monotonic() + delay
-            if wake is None or self._soon_at is not None and self._soon_at <= due:
+            if wake is None or self._soon_at is not None:
                 return
-            self._soon_at = due
+            self._soon_at = time.monotonic() + _SOON_DELAY  # the caller finishes its boundary first
         wake()
 
     def due_in(self) -> float:

@@ -149,11 +149,9 @@ class SparseImage(io.RawIOBase):
     def _range(self, begin: int, end: int) -> bytearray:
         """The written bytes from `begin` to `end` (zeros where nothing was)."""
         out = bytearray(end - begin)
-        first, last = begin // _PAGE, (end - 1) // _PAGE
-        pages = range(first, last + 1) if end - begin <= len(self._pages) * _PAGE else sorted(self._pages)
-        for page in pages:
+        for page in range(begin // _PAGE, (end + _PAGE - 1) // _PAGE):
             buffer = self._pages.get(page)
-            if buffer is None or not first <= page <= last:
+            if buffer is None:
                 continue
             start = page * _PAGE
             low, high = max(begin, start), min(end, start + _PAGE)

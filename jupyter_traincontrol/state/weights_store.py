@@ -25,10 +25,10 @@ import zipfile
 
 from .sparse_image import SparseImage, allocate, placeable
 
-__all__ = ["weights_store", "SLICE_BYTES"]
+__all__ = ["weights_store"]
 
 #: Bytes handed on at a time (to h5py, or to the zip) when an array is written.
-SLICE_BYTES = 4 << 20
+_SLICE_BYTES = 4 << 20
 #: Arrays this large or larger are placed in the image rather than copied into it.
 _PLACED_BYTES = 64 << 10
 
@@ -74,11 +74,11 @@ def _make_store_class():
             group = self._h5_entry_group
             if value.nbytes >= _PLACED_BYTES and placeable(value):
                 self.io_file.place(allocate(group, key, value), value)
-            elif value.nbytes <= SLICE_BYTES or value.ndim == 0 or value.shape[0] < 2:
+            elif value.nbytes <= _SLICE_BYTES or value.ndim == 0 or value.shape[0] < 2:
                 group[key] = value
             else:  # an array the image cannot place (booleans, say): the same dataset, in slices
                 dataset = group.create_dataset(key, shape=value.shape, dtype=value.dtype)
-                rows = max(1, SLICE_BYTES // max(1, value.nbytes // value.shape[0]))
+                rows = max(1, _SLICE_BYTES // max(1, value.nbytes // value.shape[0]))
                 for start in range(0, value.shape[0], rows):
                     begin = time.perf_counter()
                     dataset[start:start + rows] = value[start:start + rows]
@@ -100,7 +100,7 @@ def _make_store_class():
                     info.external_attr = 0o600 << 16  # as ZipFile.writestr
                     info.file_size = image.size
                     with self.archive.open(info, "w") as entry:
-                        for chunk in image.chunks(SLICE_BYTES):
+                        for chunk in image.chunks(_SLICE_BYTES):
                             begin = time.perf_counter()
                             entry.write(chunk)
                             self._paced(time.perf_counter() - begin)
