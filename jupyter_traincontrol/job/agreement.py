@@ -30,6 +30,10 @@ A proposal never fails the job: if a process has already ended its `fit`
 (its heartbeat says so) it will never say where it is, so the proposal is
 dropped at once on every process and the process that proposed it answers
 it ``failed``, saying why (`refused`); the others train on.
+
+A process that ends its `fit` takes the next number too, for an end marker
+(`mark_ended`): its own watcher, blocked on that number, wakes at once
+instead of at the end of its read, and every watcher passes over it.
 """
 
 from __future__ import annotations
@@ -89,13 +93,21 @@ class Agreement:
         line = str(request) + (f" #{request.request_id}" if request.request_id else "")
         kv.set(kv.key("cmd", seq), json.dumps({"line": line, "from": self.process_id}))
 
+    def mark_ended(self) -> None:
+        """Puts an end marker in the sequence (any thread; after this
+        process's `fit` ended): every watcher blocked on its number wakes,
+        this process's own among them, and passes over it."""
+        kv = self.coordination
+        seq = kv.increment(kv.key("seq"), 1)
+        kv.set(kv.key("cmd", seq), json.dumps({"ended": self.process_id}))
+
     def receive(self, timeout: float) -> bool:
         """Watcher thread: takes the next proposal if it comes within
         `timeout` seconds and agrees on its step with every process.
 
         Returns:
             True if one came (agreed on, or dropped because a process has
-            ended its `fit`).
+            ended its `fit`), or an end marker (`mark_ended`).
 
         Raises:
             JobLostError: A process was lost meanwhile.
@@ -110,6 +122,10 @@ class Agreement:
                 raise
             return False
         proposal = json.loads(value)
+        if "ended" in proposal:  # a process's end marker: nothing to agree on
+            with self._lock:
+                self.next_seq = seq + 1
+            return True
         request = parse_request(proposal["line"])
         with self._lock:
             self.closed = True

@@ -61,8 +61,9 @@ logger = logging.getLogger("jupyter_traincontrol")
 #: Where the processes other than 0 list their records (hidden from `list`),
 #: each in its subfolder ``process-N``.
 JOB_REGISTRY = ".job-processes"
-#: How long the watcher blocks on the next proposal at a time (what ending
-#: a `fit` waits for it, at most).
+#: How long the watcher blocks on the next proposal at a time (ending a
+#: `fit` wakes it at once with an end marker; without the coordinator, the
+#: most that ending waits for it).
 _WATCH_SECONDS = 0.1
 _fit_counter = itertools.count()
 
@@ -260,6 +261,11 @@ class Job:
             except Exception:  # the coordinator is gone: nobody to tell
                 pass
         if watcher is not None and watcher is not threading.current_thread():
+            if watcher.is_alive():
+                try:
+                    self.agreement.mark_ended()  # wakes the watcher from its blocking read
+                except Exception:  # the coordinator is gone: the read ends by itself
+                    pass
             watcher.join(timeout=self.heartbeat_seconds + _WATCH_SECONDS + 5)
         self._watcher = None
         return error
