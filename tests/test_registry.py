@@ -59,6 +59,32 @@ def test_a_replaced_record_kept_for_later_is_freed_by_free_replaced_and_by_relea
     assert not folder.path.exists()
 
 
+def test_a_fast_record_write_goes_into_a_prepared_file_that_readers_pass_over(runtime_dir):
+    folder = RunFolder.claim("ready")
+    try:
+        folder.prepare_files()
+        prepared = {p.stat().st_ino: p for p in folder.path.glob(".run.json.*.tmp")}
+        assert len(prepared) == 2
+        assert all(p.stat().st_size == 0 and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in prepared.values())
+        assert [r["name"] for r in list_runs()] == ["ready"] and find_run("ready")["state"] == "starting"
+        folder.write_record({"state": "running"})  # a plain write (the run's thread) makes its own file
+        assert folder.record_path.stat().st_ino not in prepared
+        folder.write_record({"state": "running", "epoch": 1}, keep_replaced=True)  # the training thread's
+        assert folder.record_path.stat().st_ino in prepared
+        assert find_run("ready")["epoch"] == 1
+        left = list(folder.path.glob(".run.json.*.tmp"))
+        assert len(left) == 1 and left[0].stat().st_ino in prepared
+        left[0].write_text("not empty")  # not what prepare_files left: a new file is made instead
+        folder.write_record({"state": "finished"}, keep_replaced=True)
+        assert folder.record_path.stat().st_ino not in prepared and find_run("ready")["state"] == "finished"
+        assert left[0].read_text() == "not empty"
+        folder.prepare_files()
+        assert len(list(folder.path.glob(".run.json.*.tmp"))) == 3  # two ready again, beside the one passed over
+    finally:
+        folder.release()
+    assert not folder.path.exists()
+
+
 def test_the_run_thread_does_the_chores_left_to_it_and_drops_them_once_stopped():
     from jupyter_traincontrol.run.publisher import Publisher
 
@@ -307,22 +333,33 @@ def test_the_training_threads_record_writes_leave_freeing_the_replaced_file_to_t
         make_model, tiny_data, tmp_path, monkeypatch):
     """The writes of a fit's opening and end keep the replaced record under a
     second name (the rename then frees nothing); the next run's thread
-    removes them: reused fits leave at most the last end's."""
+    removes them: reused fits leave at most the last end's. They go into
+    files the run's thread made ahead (a write then creates no file)."""
     from jupyter_traincontrol import ControlCallback
     from jupyter_traincontrol.registry import RunFolder
 
     writes = []
     write_record = RunFolder.write_record
-    monkeypatch.setattr(RunFolder, "write_record", lambda self, record, keep=False: (
-        writes.append((threading.current_thread().name, record["state"], keep)), write_record(self, record, keep))[1])
+
+    def noted_write(self, record, keep=False):
+        write_record(self, record, keep)
+        writes.append((threading.current_thread().name, record["state"], keep, self.record_path.stat().st_ino))
+
+    monkeypatch.setattr(RunFolder, "write_record", noted_write)
     model, (x, y) = make_model(), tiny_data
     callback = ControlCallback(name="short", checkpoint_dir=tmp_path / "ck", save_at_end=False, verbose=False,
                                handle_sigint=False)
     folder = None
     for _fit in range(4):
+        left = {p.stat().st_ino for p in folder.glob(".run.json.*.tmp")} if folder is not None else set()
         model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])
         folder = callback.lifecycle._folder.path
         assert len(list(folder.glob(".run.json.replaced-*"))) <= 2  # this fit's end's, and its opening's if not yet freed
+        # The run's thread made two empty files: the end's write took one, the next fit's opening takes the other.
+        assert len(list(folder.glob(".run.json.*.tmp"))) == 1
+        if left:
+            assert [ino for _thread, state, _keep, ino in writes if state == "starting"][-1] in left
+    writes = [write[:3] for write in writes]
     training = threading.current_thread().name
     assert {(state, keep) for thread, state, keep in writes if thread == training} == {("starting", True),
                                                                                         ("finished", True)}

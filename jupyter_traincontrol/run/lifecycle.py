@@ -170,6 +170,7 @@ class RunLifecycle:
         self.publisher.start(wake=self.channel.wake)
         self.channel.start(ticker=self.publisher)  # one thread per run; started after the write, which it would slow
         self.publisher.run_soon(self._folder.free_replaced)  # what this and earlier runs' ends replaced
+        self.publisher.run_soon(self._folder.prepare_files)  # for the record writes of this run's end and the next's start
         return self
 
     def close(self, final_state: RunState | str, error: str | None = None, end_reason: str | None = None) -> None:
