@@ -44,17 +44,22 @@ lab: $(STAMP)
 ## again on JAX and on torch, and the Keras 2 tests (tf_keras: its fit, a
 ## script, a kernel) once, with TF_USE_LEGACY_KERAS=1 as Keras 2 users run
 ## it (what CI runs)
+## Each pass runs on PYTEST_WORKERS processes (pytest-xdist), a test file
+## whole on one of them (`--dist loadfile`: a file's fixtures, such as its
+## multi-process jobs, are shared by its tests).
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=10
 BACKEND_TESTS ?= tests/test_callback.py tests/test_cli.py tests/test_checkpoint.py tests/test_faults.py \
                  tests/test_steering.py tests/test_background_saves.py tests/test_exact_resume.py \
                  tests/test_backends.py tests/test_notebook_backends.py
 KERAS2_TESTS ?= tests/test_keras2.py
 test: $(STAMP) wheel
 	$(BIN)/lint-imports --no-cache
-	JUPYTER_TRAINCONTROL_WHEEL="$$(ls $(abspath $(WHEEL_DIR))/jupyter_traincontrol-*.whl)" $(BIN)/python -m pytest -q \
+	JUPYTER_TRAINCONTROL_WHEEL="$$(ls $(abspath $(WHEEL_DIR))/jupyter_traincontrol-*.whl)" $(PYTEST) \
 	    $(addprefix --ignore=,$(KERAS2_TESTS))
-	KERAS_BACKEND=jax $(BIN)/python -m pytest -q $(BACKEND_TESTS)
-	KERAS_BACKEND=torch $(BIN)/python -m pytest -q $(BACKEND_TESTS)
-	TF_USE_LEGACY_KERAS=1 $(BIN)/python -m pytest -q $(KERAS2_TESTS)
+	KERAS_BACKEND=jax $(PYTEST) $(BACKEND_TESTS)
+	KERAS_BACKEND=torch $(PYTEST) $(BACKEND_TESTS)
+	TF_USE_LEGACY_KERAS=1 $(PYTEST) $(KERAS2_TESTS)
 
 ## wheel: the wheel users install (`python -m build --wheel`: builds the
 ## JupyterLab extension with npm if its sources changed); tests/test_install.py

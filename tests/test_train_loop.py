@@ -283,7 +283,8 @@ def test_set_refuses_what_a_custom_step_cannot_see_and_says_what_it_can(ckpt):
     assert float(optimizer.momentum) == 0.5
 
 
-def test_settings_that_do_not_fit_together_are_refused_at_once():
+def test_settings_that_do_not_fit_together_are_refused_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default checkpoint folder is made under the current one
     model, optimizer = _tape_model()
     with pytest.raises(ValueError, match="one of model=, state= or save=/load="):
         TrainLoop(model=model, save=print, load=print)

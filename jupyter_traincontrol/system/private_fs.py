@@ -155,8 +155,8 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None,
             redirect the write).
         into: With `dir_fd`: the name of an empty file `make_empty_file`
             made in that folder, written and renamed instead of a new
-            temporary file (creating a file is most of a small write's
-            time on ext4). If it is gone or not such a file, a new one is
+            temporary file (creating a file is a good part of a small
+            write's time on ext4: 0.05-0.2 ms of 0.2-0.4). If it is gone or not such a file, a new one is
             made as without it.
 
     Returns:
