@@ -104,9 +104,6 @@ class SaveScheduler:
         self._taken_at: int | None = None  # the boundary of the last checkpoint taken
         self._last_outcome: Outcome | None = None  # and its outcome, once written
         self._say = say
-        self._taken_at: int | None = None  # the boundary of the last checkpoint taken
-        self._last_outcome: Outcome | None = None  # and its outcome, once written
-        self._say = say
         self._writer = CheckpointWriter(self.store, run.name or "run", on_idle=self._writer_idle)
         self._buffers = SnapshotBuffers()  # the host copy, reused from one snapshot to the next
         self._lock = threading.RLock()  # re-entrant: defensive, a signal handler may land while it is held

@@ -261,7 +261,7 @@ class Job:
             except Exception:  # the coordinator is gone: nobody to tell
                 pass
         if watcher is not None and watcher is not threading.current_thread():
-            if watcher.is_alive():
+            if watcher.is_alive() and self.lost is None:  # a lost job's watcher ends by itself
                 try:
                     self.agreement.mark_ended()  # wakes the watcher from its blocking read
                 except Exception:  # the coordinator is gone: the read ends by itself
