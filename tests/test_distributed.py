@@ -135,7 +135,10 @@ def _result(job: JobProcesses, i: int) -> dict:
 
 def _final(job: JobProcesses, i: int) -> dict:
     """The final state of process `i` as its own record had it."""
-    return next(e for e in job.events(i) if e["kind"] == "final")
+    events = job.events(i)
+    final = next((e for e in events if e["kind"] == "final"), None)
+    assert final is not None, f"process {i} logged no final state: {events[-10:]}; stderr: {job.stderr[i][-3000:]}"
+    return final
 
 
 def _ended(job: JobProcesses, timeout: float) -> list[int]:

@@ -41,6 +41,7 @@ from jupyter_traincontrol.system.private_fs import UnsafePathError
 from jupyter_traincontrol.registry import (
     RECORD_NAME,
     RunFolder,
+    find_run,
     list_runs,
     registry_root,
 )
@@ -394,6 +395,36 @@ def test_a_failing_fit_leaves_no_handler_no_signal_and_the_next_fit_is_fresh(mak
         wait_until(lambda: len(sigints) == 1, message="the user's handler to get Ctrl+C")
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_ending_a_lost_run_waits_for_an_end_another_thread_began(make_model, tiny_data, tmp_path):
+    """A job ends its run from its own thread when a peer is lost, and at exit,
+    while the watchdog of a `fit` that raised may be ending it already: the
+    later caller returns once the run's last record is written, so what
+    follows (the registry's exit, the job leaving a stuck process) finds it
+    (seen under load: a job's process exited before its run said it failed)."""
+    control = ControlCallback(name="lost", checkpoint_dir=tmp_path / "ck", verbose=False, save_at_end=False)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_end(run, event):  # the watchdog's end, held where the state is final but not yet written
+        if event is not None and event["kind"] == "state" and event["message"] == "failed" and not entered.is_set():
+            entered.set()
+            release.wait(10)
+
+    control.lifecycle.add_listener(slow_end)
+    x, y = tiny_data
+
+    def explode(cb):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        make_model().fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[control, At(0, 2, explode)])
+    assert entered.wait(10), "the watchdog never ended the run of the fit that raised"
+    threading.Timer(0.3, release.set).start()
+    control.session.end_lost("Process 1 of 2 was lost.")  # returns once the watchdog's end is done
+    record = find_run("lost")
+    assert record["state"] == "failed" and "on_train_end never ran" in record["error"], record
+    assert control.session.closed
 
 
 def test_every_field_a_run_writes_is_declared_and_its_ids_are_one(make_model, tiny_data, tmp_path):

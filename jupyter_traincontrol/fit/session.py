@@ -45,6 +45,11 @@ if TYPE_CHECKING:
 
 __all__ = ["FitSession", "FitSettings"]
 
+#: How long the end of a lost job's run waits for an end another thread has
+#: begun (a job's end waits at most its ``lost_after``, two heartbeats, and
+#: the join of its watcher).
+_LOST_END_WAIT_SECONDS = 30.0
+
 
 class FitSettings(Protocol):
     """What a session reads of its callback (`ControlCallback`'s settings)."""
@@ -97,6 +102,8 @@ class FitSession:
         self._stack = contextlib.ExitStack()
         self._closing = False
         self._closing_lock = threading.Lock()
+        self._closer: threading.Thread | None = None  # the thread that closes
+        self._closed = threading.Event()  # set once every part has closed
 
     @property
     def history(self):
@@ -158,7 +165,7 @@ class FitSession:
         saves.policy = steering
         channel = run.channel
         if job is not None:  # commands of a multi-process job: proposed to all, applied by all at one step
-            job.opened(run, progress, self._watchdog, lambda message: self.close(RunState.FAILED, message), model)
+            job.opened(run, progress, self._watchdog, self.end_lost, model)
             stack.callback(self._leave_job)
             channel = job.channel(channel, progress)
         self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end_fit, self.say, steering)
@@ -358,9 +365,23 @@ class FitSession:
         with self._closing_lock:
             if self._closing:
                 return
-            self._closing = True
+            self._closing, self._closer = True, threading.current_thread()
         self.final_state, self.error, self.end_reason = final_state, error, end_reason
-        self._stack.close()
+        try:
+            self._stack.close()
+        finally:
+            self._closed.set()
+
+    def end_lost(self, message: str) -> None:
+        """A job's process was lost, or this one exits with its `fit` not
+        ended (the job's threads, atexit): ends the run ``failed``, and
+        returns once it has ended. If another thread is ending it already
+        (the watchdog of a `fit` that raised), waits for that end, a while
+        at most: what comes next (the registry's exit, the job leaving a
+        stuck process) must find the run's last record written."""
+        self.close(RunState.FAILED, message)
+        if self._closer is not threading.current_thread():
+            self._closed.wait(_LOST_END_WAIT_SECONDS)
 
     @property
     def closed(self) -> bool:

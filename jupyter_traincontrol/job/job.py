@@ -181,7 +181,9 @@ class Job:
             run: The run, open.
             progress: The fit's counters (its ``metrics``).
             fit: Where `fit` is: ``thread_id`` and ``frame`` (`FitWatchdog`).
-            on_lost: Ends the run ``failed`` with a message (from any thread).
+            on_lost: Ends the run ``failed`` with a message (from any
+                thread), returning once it has ended (an end in progress
+                on another thread is waited for).
             model: The model being trained (a follower's saves run its ``save``).
         """
         if self.leader:
@@ -202,6 +204,10 @@ class Job:
         else:
             self._sigterm = SigtermRelay(self._on_sigterm)
             self._sigterm.install()
+        # One exit hook a job, for the last fit's run: it stays while the
+        # process lives, since an end that another thread began when this
+        # process exits must still be waited for (`_at_exit`).
+        atexit.unregister(self._at_exit)
         atexit.register(self._at_exit)
         self._watcher = threading.Thread(target=self._watch, name=f"traincontrol-job-{run.name}", daemon=True)
         self._watcher.start()
@@ -237,7 +243,6 @@ class Job:
                 and not on_stack(self._fit_thread_id, self._fit_frame)):
             self._verdict.wait(self.lost_after + 2 * self.heartbeat_seconds)
         self._closing.set()
-        atexit.unregister(self._at_exit)
         if self._sigterm is not None:
             self._sigterm.retire()
             self._sigterm = None
@@ -278,9 +283,10 @@ class Job:
 
     def _at_exit(self) -> None:
         # Runs before the registry's own exit handler lets the record go: a
-        # fit that raised and was not ended yet is ended now, with its cause.
-        if not self._closing.is_set():
-            self._on_lost(self.lost or "fit raised an exception; on_train_end never ran.")
+        # fit that raised and was not ended yet is ended now, with its cause;
+        # an end another thread began (its watchdog's) is waited for; a fit
+        # that ended is left as it is.
+        self._on_lost(self.lost or "fit raised an exception; on_train_end never ran.")
 
     def _on_sigterm(self) -> None:
         # In a signal handler: no printing through sys.stdout.
