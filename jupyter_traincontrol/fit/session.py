@@ -135,6 +135,7 @@ class FitSession:
             watchdog.check_all()  # a run of this process whose fit raised ends now, before a new one claims a name
             if self.job is not None:
                 self.job.begin(run)
+                stack.callback(self.job.run_ended)  # last: once the run's final record is written
             run.open()
             stack.callback(self._close_run)
         elif not run.is_open:

@@ -204,11 +204,7 @@ class Job:
         else:
             self._sigterm = SigtermRelay(self._on_sigterm)
             self._sigterm.install()
-        # One exit hook a job, for the last fit's run: it stays while the
-        # process lives, since an end that another thread began when this
-        # process exits must still be waited for (`_at_exit`).
-        atexit.unregister(self._at_exit)
-        atexit.register(self._at_exit)
+        atexit.register(self._at_exit)  # until the run has ended (`run_ended`)
         self._watcher = threading.Thread(target=self._watch, name=f"traincontrol-job-{run.name}", daemon=True)
         self._watcher.start()
 
@@ -275,6 +271,12 @@ class Job:
         self._watcher = None
         return error
 
+    def run_ended(self) -> None:
+        """The run of this `fit` has ended, its last record written (the
+        last step of its end): the exit hook goes. Until then, an exit
+        ends the run, or waits for the end another thread began."""
+        atexit.unregister(self._at_exit)
+
     def _explain(self, error: str | None) -> str | None:
         lost = self.lost
         if lost is None or (error is not None and error.startswith(lost)):
@@ -284,8 +286,7 @@ class Job:
     def _at_exit(self) -> None:
         # Runs before the registry's own exit handler lets the record go: a
         # fit that raised and was not ended yet is ended now, with its cause;
-        # an end another thread began (its watchdog's) is waited for; a fit
-        # that ended is left as it is.
+        # an end another thread began (its watchdog's) is waited for.
         self._on_lost(self.lost or "fit raised an exception; on_train_end never ran.")
 
     def _on_sigterm(self) -> None:
