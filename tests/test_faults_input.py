@@ -169,6 +169,26 @@ def test_nan_and_infinity_are_null_on_disk_and_nan_on_screen(tmp_path):
         run.close("stopped")
 
 
+def test_a_metric_that_cannot_be_read_is_left_out_and_the_record_still_written(tmp_path):
+    """A JAX job whose peer died leaves the last step's metrics as arrays
+    whose collective failed: reading one raises. The record goes on without it."""
+
+    class FailedArray:
+        def __float__(self):
+            raise RuntimeError("Gloo all-reduce failed: Connection reset by peer")
+
+    run = RunLifecycle("peerless", tmp_path / "ck").open()
+    try:
+        progress = TrainingProgress()
+        progress.metrics = {"loss": FailedArray(), "val_loss": 1.5}
+        run.follow(progress)
+        assert run.publish(force=True)
+        on_disk = _strict_json((run._folder.path / RECORD_NAME).read_text())
+        assert on_disk["metrics"] == {"val_loss": 1.5}
+    finally:
+        run.close("failed", error="Process 1 of 2 was lost.")
+
+
 # send --wait tells the truth ------------------------------------------------------
 
 

@@ -46,7 +46,8 @@ def json_safe(value: Any) -> Any:
 
 def finite_metrics(values: Mapping[str, Any]) -> dict[str, float | None]:
     """Logs as metrics: each value that `float` takes, as a float (None for
-    NaN and infinities); anything else (an array, a string) is left out.
+    NaN and infinities); anything else (an array, a string, a device array
+    whose computation failed: reading it raises) is left out.
 
     Example:
 
@@ -57,7 +58,7 @@ def finite_metrics(values: Mapping[str, Any]) -> dict[str, float | None]:
     for key, value in values.items():
         try:
             number = float(value)
-        except (TypeError, ValueError):
+        except Exception:  # not a number, or one that cannot be read (a failed collective's)
             continue
         plain[str(key)] = number if math.isfinite(number) else None
     return plain
