@@ -156,8 +156,8 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None,
         into: With `dir_fd`: the name of an empty file `make_empty_file`
             made in that folder, written and renamed instead of a new
             temporary file (creating a file is a good part of a small
-            write's time on ext4: 0.05-0.2 ms of 0.2-0.4). If it is gone or not such a file, a new one is
-            made as without it.
+            write's time on ext4: 0.05-0.2 ms of 0.2-0.4). If it is gone
+            or not such a file, a new one is made as without it.
 
     Returns:
         The written file's identity (`file_identity`): while the file at
@@ -170,19 +170,20 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None,
     else:
         dir_fd_to_close = None
     try:
-        fd = _open_empty_file(into, dir_fd) if into is not None else None
+        tmp = into
+        fd = _open_empty_file(tmp, dir_fd) if tmp is not None else None
         if fd is None:
-            into = _temporary_name(path.name)
-            fd = os.open(into, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
+            tmp = _temporary_name(path.name)
+            fd = os.open(tmp, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
                 identity = file_identity(os.fstat(fd))
-            os.replace(into, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             try:
-                os.unlink(into, dir_fd=dir_fd)
+                os.unlink(tmp, dir_fd=dir_fd)
             except OSError:
                 pass
             raise
