@@ -200,8 +200,14 @@ def test_set_lr_changes_the_keras2_optimizer_learning_rate(tiny_data, ckpt):
             rates.append(float(self.model.optimizer.learning_rate.numpy()))
 
     request = {}
-    history = fit(model, tiny_data, control, Rates(), At(0, 2, lambda cb: request.update(r=control.send("set lr=0.5"))),
-                  At(1, 0, lambda cb: queued(control, "stop")), epochs=3)
+
+    def send_set(cb):
+        # Through the channel, as any writer: its reader queues it a moment later, so wait for that.
+        request["r"] = control.send("set lr=0.5")
+        wait_until(lambda: control.lifecycle.channel.pending, message="the set queued")
+
+    history = fit(model, tiny_data, control, Rates(), At(0, 2, send_set), At(1, 0, lambda cb: queued(control, "stop")),
+                  epochs=3)
     assert history.epoch == [0, 1]
     assert rates[:4] == pytest.approx([0.01] * 4)  # the set acts at the end of batch 3 (sent during batch 2)
     assert rates[4:] == pytest.approx([0.5] * (len(rates) - 4))
