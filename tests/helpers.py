@@ -232,9 +232,15 @@ class TrainingProcess:
             if line.startswith("READY "):
                 self.name, self.fifo = line.split()[1:3]
                 break
-        else:
+        else:  # it ended (or closed its stdout) before saying READY: reaped here, its pipes closed
+            self.process.stdout.close()
+            try:
+                code = self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                code = self.process.wait()
             self._stderr_reader.join(10)
-            raise AssertionError(f"training script ended early: {self.stderr}")
+            raise AssertionError(f"training script ended early (exit code {code}), before READY: {self.stderr}")
 
     def _read_stderr(self, stream) -> None:
         for line in stream:
