@@ -25,7 +25,7 @@ from jupyter_traincontrol.fit.keras2 import NOTICE
 from jupyter_traincontrol.notebook.fit_hook import FitInterceptor, intercept_fit
 from jupyter_traincontrol.protocol import parse_request
 from jupyter_traincontrol.registry import find_run
-from jupyter_traincontrol.transport.send import deliver
+from jupyter_traincontrol.transport.send import deliver, with_id
 from kernel_harness import RUN
 
 if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
@@ -79,10 +79,13 @@ class At(k2.callbacks.Callback):
 
 
 def queued(control, command):
-    """Sends `command` as the CLI does (`deliver`), and waits until the run's reader queued it."""
-    deliver(control.fifo, command)
+    """Sends `command` as the CLI does (`deliver`, with a request id), waits
+    until the run's reader queued it, and returns the request sent."""
+    request = with_id(command, "cli")
+    deliver(control.fifo, request)
     wait_until(lambda: control.lifecycle.channel is None or control.lifecycle.channel.pending,
                message=f"{command} queued")
+    return request
 
 
 def iterations(model) -> int:
@@ -200,14 +203,9 @@ def test_set_lr_changes_the_keras2_optimizer_learning_rate(tiny_data, ckpt):
             rates.append(float(self.model.optimizer.learning_rate.numpy()))
 
     request = {}
-
-    def send_set(cb):
-        # Through the channel, as any writer: its reader queues it a moment later, so wait for that.
-        request["r"] = control.send("set lr=0.5")
-        wait_until(lambda: control.lifecycle.channel.pending, message="the set queued")
-
-    history = fit(model, tiny_data, control, Rates(), At(0, 2, send_set), At(1, 0, lambda cb: queued(control, "stop")),
-                  epochs=3)
+    history = fit(model, tiny_data, control, Rates(),
+                  At(0, 2, lambda cb: request.update(r=queued(control, "set lr=0.5"))),
+                  At(1, 0, lambda cb: queued(control, "stop")), epochs=3)
     assert history.epoch == [0, 1]
     assert rates[:4] == pytest.approx([0.01] * 4)  # the set acts at the end of batch 3 (sent during batch 2)
     assert rates[4:] == pytest.approx([0.5] * (len(rates) - 4))
