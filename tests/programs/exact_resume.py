@@ -1,8 +1,14 @@
-"""One leg of an exact-resume comparison, in a fresh process (tests/test_exact_resume.py).
+"""Legs of exact-resume comparisons, in a fresh process (tests/test_exact_resume.py).
 
-    python exact_resume.py DATA STOP OUT CKPT [resume]
-    python exact_resume.py DATA,DATA,... none OUTDIR CKPTDIR
+    python exact_resume.py OUTDIR CKPTDIR [resume] ITEM [ITEM ...]
 
+Each ITEM is one fit, run one after another in this process (each seeded
+afresh), so that one process serves the same leg of every chain:
+``DATA=STOP`` is a leg of DATA's chain, which writes OUTDIR/DATA.npz and
+keeps its checkpoints in CKPTDIR/DATA (with ``resume``, it continues from
+the newest one there); ``DATA`` alone is the uninterrupted fit, which
+writes OUTDIR/DATA-uninterrupted.npz (checkpoints in
+CKPTDIR/DATA-uninterrupted, never resumed).
 
 DATA, the training input: ``numpy-shuffle``, ``numpy-ordered``, ``tfdata``
 (a seeded ``shuffle`` reshuffled each iteration, a ``map`` with a seeded
@@ -18,11 +24,8 @@ after global batch N, ``pause`` then ``stop`` while paused; ``skip:N``
 after global batch N while a resume still skips the batches its checkpoint
 already trained (N before the checkpoint's batch).
 
-With ``resume``, the leg continues from the newest checkpoint in CKPT. Writes
-to OUT (.npz): the final weights and optimizer variables, and the History
-of this process. The second form runs uninterrupted fits of several DATA
-one after another (each seeded afresh), writing OUTDIR/DATA.npz: one
-process instead of one per source.
+Each .npz holds the final weights and optimizer variables, and the History
+of this fit.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ def training_data(kind: str, x, y):
 
 
 def main(data: str, stop: str, out: str, checkpoints: str, resume: bool) -> None:
+    keras.backend.clear_session()  # the same layer names in every fit, whatever ran before it in this process
     keras.utils.set_random_seed(SEED)
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
@@ -127,8 +131,10 @@ def main(data: str, stop: str, out: str, checkpoints: str, resume: bool) -> None
 
 
 if __name__ == "__main__":
-    if "," in sys.argv[1]:
-        for kind in sys.argv[1].split(","):
-            main(kind, "none", os.path.join(sys.argv[3], f"{kind}.npz"), os.path.join(sys.argv[4], kind), False)
-    else:
-        main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:] == ["resume"])
+    folder, checkpoint_root, *items = sys.argv[1:]
+    resumed = items[:1] == ["resume"]
+    for item in items[resumed:]:
+        kind, is_leg, where = item.partition("=")
+        name = kind if is_leg else f"{kind}-uninterrupted"
+        main(kind, where if is_leg else "none", os.path.join(folder, f"{name}.npz"),
+             os.path.join(checkpoint_root, name), resumed and bool(is_leg))
