@@ -12,6 +12,7 @@ from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.transport.send import deliver
 from jupyter_traincontrol.protocol import Command
 
+WAIT = 60  # seconds: the first save and the steps, under a loaded test run
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death, as for a full disk
 log = EventLog()
 control = ControlCallback(name="fsize", checkpoint_dir=sys.argv[1], verbose=False)
@@ -27,13 +28,14 @@ def script():
 
 def steps():
     deliver(control.fifo, "save")
-    log.wait_count("checkpoint", None, 1)
+    log.wait_count("checkpoint", None, 1, timeout=WAIT)
     size = os.path.getsize(control.checkpoints[0])
     resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, resource.RLIM_INFINITY))
     deliver(control.fifo, "save")
-    log.wait_count("error", None, 1)
+    log.wait_count("error", None, 1, timeout=WAIT)
     started = control.lifecycle.progress.step + 8 * control.lifecycle.progress.epoch
-    wait_until(lambda: control.lifecycle.progress.step + 8 * control.lifecycle.progress.epoch > started + 10)
+    wait_until(lambda: control.lifecycle.progress.step + 8 * control.lifecycle.progress.epoch > started + 10,
+               timeout=WAIT, message="10 steps after the failed save")
     trained_after.append(control.state)
     deliver(control.fifo, "stop")
 
