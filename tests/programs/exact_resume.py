@@ -134,7 +134,7 @@ if __name__ == "__main__":
     folder, checkpoint_root, *items = sys.argv[1:]
     resumed = items[:1] == ["resume"]
     for item in items[resumed:]:
-        kind, is_leg, where = item.partition("=")
+        kind, is_leg, stop = item.partition("=")
         name = kind if is_leg else f"{kind}-uninterrupted"
-        main(kind, where if is_leg else "none", os.path.join(folder, f"{name}.npz"),
+        main(kind, stop if is_leg else "none", os.path.join(folder, f"{name}.npz"),
              os.path.join(checkpoint_root, name), resumed and bool(is_leg))
