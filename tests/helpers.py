@@ -233,14 +233,13 @@ class TrainingProcess:
                 self.name, self.fifo = line.split()[1:3]
                 break
         else:  # it ended (or closed its stdout) before saying READY: reaped here, its pipes closed
-            self.process.stdout.close()
             try:
-                code = self.process.wait(30)
+                self.process.communicate(timeout=30)  # closes its stdin (a lingering one ends then) and stdout
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                code = self.process.wait()
+                self.kill()
             self._stderr_reader.join(10)
-            raise AssertionError(f"training script ended early (exit code {code}), before READY: {self.stderr}")
+            raise AssertionError(f"training script ended early (exit code {self.process.returncode}), before READY: "
+                                 f"{self.stderr}")
 
     def _read_stderr(self, stream) -> None:
         for line in stream:

@@ -19,9 +19,9 @@ from browser_harness import (  # noqa: F401  (browser, page, jupyter: fixtures)
     NEEDS_CHROMIUM,
     PANEL,
     PANEL_TAB,
-    STILL_BUSY,
     STATUS_ITEM,
     TOKEN,
+    assert_kernel_still_busy,
     browser,
     jupyter,
     kernel_state,
@@ -176,7 +176,7 @@ def test_side_panel_stops_a_notebook_run_while_the_kernel_is_busy(jupyter, page,
     wait_until(lambda: kernel_state(page) == "connected/busy", timeout=10, message="a busy kernel")
     busy_card.get_by_role("button", name="Stop", exact=True).click()
     page.wait_for_selector('.jp-TrainControl-run[data-run="nb-busy"][data-state="stopped"]', timeout=30_000)
-    assert kernel_state(page) == "connected/busy", "the foreground cell should still run"
+    assert_kernel_still_busy(page)
     (checkpoint,) = [item.get_attribute("data-path") for item in busy_card.locator(".jp-TrainControl-checkpoint").all()]
     assert read_sidecar(checkpoint)["reason"] == "stop"
     screenshot(page, "notebook-busy-kernel-run-stopped")
@@ -213,12 +213,12 @@ def test_notebook_panel_buttons_act_at_once_while_the_kernel_is_busy(jupyter, pa
     panel.locator("button.traincontrol-command-save").click()
     seconds = timed(lambda: record_of("nb-busy").get("checkpoints"), 30, "the checkpoint of Save")
     print(f"save while busy: checkpoint listed after {seconds:.2f} s")
-    assert kernel_state(page) == "connected/busy", STILL_BUSY
+    assert_kernel_still_busy(page)
 
     panel.locator("button.traincontrol-command-pause").click()
     seconds = timed(lambda: record_of("nb-busy").get("state") == "paused", 30, "paused")
     print(f"pause while busy: paused after {seconds:.2f} s")
-    assert kernel_state(page) == "connected/busy", STILL_BUSY
+    assert_kernel_still_busy(page)
     # The panel's widgets are updated from the training side (IOPub), busy or not.
     resume = panel.locator("button.traincontrol-command-resume", has_text="Resume")
     resume.wait_for(timeout=10_000)
@@ -227,13 +227,12 @@ def test_notebook_panel_buttons_act_at_once_while_the_kernel_is_busy(jupyter, pa
     resume.click()
     seconds = timed(lambda: record_of("nb-busy").get("state") == "running", 30, "running again")
     print(f"resume while busy: running after {seconds:.2f} s")
-    assert kernel_state(page) == "connected/busy", STILL_BUSY
+    assert_kernel_still_busy(page)
 
     panel.locator("button.traincontrol-command-stop").click()
     seconds = timed(lambda: record_of("nb-busy").get("state") == "stopped", 30, "stopped")
     print(f"stop while busy: stopped after {seconds:.2f} s")
-    assert kernel_state(page) == "connected/busy", STILL_BUSY
-    assert kernel_state(page) == "connected/busy", "the foreground cell should still run"
+    assert_kernel_still_busy(page)
     record = record_of("nb-busy")
     assert [read_sidecar(path)["reason"] for path in record["checkpoints"]] == ["save", "stop"]
     assert record["checkpoints_this_run"] == 2
@@ -293,7 +292,7 @@ def test_the_learning_rate_is_steered_from_the_side_panel_and_the_notebook_panel
     seconds = timed(lambda: (record_of("nb-busy").get("tunables") or {}).get("learning_rate") == pytest.approx(0.001),
                     30, "the learning rate set from the notebook panel")
     print(f"set lr from the notebook panel, kernel busy: in the record after {seconds:.2f} s")
-    assert kernel_state(page) == "connected/busy", STILL_BUSY
+    assert_kernel_still_busy(page)
     field.blur()  # the widget's own sync is held back: the value is sent once
     panel.locator("button.traincontrol-command-save").click()
     wait_until(lambda: record_of("nb-busy").get("checkpoints"), timeout=30, message="a checkpoint")

@@ -54,8 +54,8 @@ def legs(tmp_path_factory):
     root = tmp_path_factory.mktemp("exact")
     chains = {data: [*stops, "none"] for data, stops in CHAINS.items()}
     outputs = []
-    for index in range(max(len(legs) for legs in chains.values())):
-        items = [f"{data}={legs[index]}" for data, legs in chains.items() if index < len(legs)]
+    for index in range(max(len(chain) for chain in chains.values())):
+        items = [f"{data}={chain[index]}" for data, chain in chains.items() if index < len(chain)]
         if index == 0:
             items += list(EXACT_CHAINS)  # the uninterrupted fits
         folder = root / f"leg{index}"

@@ -26,6 +26,10 @@ def script():
         control.lifecycle.channel.inject(Command.ABORT)
         raise
 
+def steps_trained():
+    progress = control.lifecycle.progress
+    return progress.step + 8 * progress.epoch  # 8 batches an epoch
+
 def steps():
     deliver(control.fifo, "save")
     log.wait_count("checkpoint", None, 1, timeout=WAIT)
@@ -33,9 +37,8 @@ def steps():
     resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, resource.RLIM_INFINITY))
     deliver(control.fifo, "save")
     log.wait_count("error", None, 1, timeout=WAIT)
-    started = control.lifecycle.progress.step + 8 * control.lifecycle.progress.epoch
-    wait_until(lambda: control.lifecycle.progress.step + 8 * control.lifecycle.progress.epoch > started + 10,
-               timeout=WAIT, message="10 steps after the failed save")
+    started = steps_trained()
+    wait_until(lambda: steps_trained() > started + 10, timeout=WAIT, message="10 steps after the failed save")
     trained_after.append(control.state)
     deliver(control.fifo, "stop")
 
