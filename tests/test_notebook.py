@@ -92,6 +92,9 @@ def test_the_busy_notice_follows_cells_not_widget_clicks(kernel):
     )
     kernel.click(pause_id)
     kernel.wait_for(f"{RUN}.state == 'paused'", timeout=30)
+    # A click acts on the label the panel shows: until the monitor has redrawn
+    # the button as Resume, a second click would send pause again.
+    kernel.wait_for(f"{RUN}.panel.buttons['pause'].description == 'Resume'", timeout=10)
     kernel.click(pause_id)  # now labelled Resume
     # No cell runs from here: watch the panel's updates on IOPub until the
     # button says Pause again and the panel has redrawn three more times.
