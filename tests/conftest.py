@@ -162,6 +162,15 @@ def live_run(tmp_path):
 
 
 @pytest.fixture
+def ctrl_c():
+    """Ctrl+C as a terminal gives it (Python's handler), whatever this test
+    runner inherited: a runner started as a background job has SIGINT ignored."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
+@pytest.fixture
 def kernel(tmp_path, runtime_dir):
     """A real IPython kernel with a tiny model (`kernel_harness.Kernel`), shut down pass or fail."""
     from kernel_harness import kernel_session

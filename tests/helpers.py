@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -195,6 +196,27 @@ _LINGER = (
     "import runpy, sys; sys.argv = sys.argv[1:]; "
     "runpy.run_path(sys.argv[0], run_name='__main__'); sys.stdin.read()"
 )
+
+
+def press_ctrl_c_twice_the_second_in_a_gc_callback() -> None:
+    """Ctrl+C twice in this process, on this (the main) thread. The second
+    press is handled inside a garbage-collector callback, as inside JAX's:
+    the `KeyboardInterrupt` a handler raises there cannot leave it (Python
+    prints it and goes on)."""
+    signal.raise_signal(signal.SIGINT)  # handled before it returns: not coalesced with the second
+    pressed = []
+
+    def press(phase, info):
+        if phase == "start" and not pressed:
+            pressed.append(phase)
+            signal.raise_signal(signal.SIGINT)
+
+    gc.callbacks.append(press)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(press)
+    assert pressed, "the garbage collector did not call back"
 
 
 def _default_sigint() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import driving
 from driving import abort_run, guarded
-from helpers import At, read_sidecar, wait_until
+from helpers import At, press_ctrl_c_twice_the_second_in_a_gc_callback, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.transport.send import NotListeningError, deliver
 from jupyter_traincontrol.checkpoint import LOCK_FILE
@@ -208,15 +208,6 @@ def test_user_callbacks_finish_their_work_after_stop(make_model, tiny_data, ckpt
     assert any((tmp_path / "tb").rglob("*.tfevents.*"))
 
 
-@pytest.fixture
-def ctrl_c():
-    """Ctrl+C as a terminal gives it (Python's handler), whatever this test
-    runner inherited: a runner started as a background job has SIGINT ignored."""
-    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, inherited)
-
-
 def test_first_sigint_stops_gracefully_and_the_handler_is_restored(make_model, tiny_data, ckpt, ctrl_c):
     before = signal.getsignal(signal.SIGINT)
     model = make_model()
@@ -249,6 +240,21 @@ def test_second_sigint_raises_keyboard_interrupt_and_cleans_up(make_model, tiny_
     wait_until(lambda: control.state == "failed", timeout=10, message="the run ended as failed")
     assert "second Ctrl+C" in control.lifecycle.error
     assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # Python's report of the swallowed one
+def test_a_second_sigint_handled_inside_a_gc_callback_still_interrupts(make_model, tiny_data, ckpt, ctrl_c):
+    """A handler that runs inside a garbage-collector callback (JAX registers
+    one) cannot raise out of it: Python prints the error and goes on. The
+    second Ctrl+C was then lost, and the run went on to a graceful stop; the
+    next boundary raises it now."""
+    model = make_model()
+    control = ControlCallback(name="ctrlc-gc", checkpoint_dir=ckpt)
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, tiny_data, control, At(1, 1, lambda cb: press_ctrl_c_twice_the_second_in_a_gc_callback()))
+    wait_until(lambda: control.state == "failed", timeout=10, message="the run ended as failed")
+    assert "second Ctrl+C" in control.lifecycle.error
+    assert control.checkpoints == []  # not the first press's graceful stop
 
 
 def test_a_failing_fit_marks_the_run_failed_and_releases_everything(make_model, tiny_data, ckpt):

@@ -196,7 +196,7 @@ def test_second_ctrl_c_raises_keyboard_interrupt(tmp_path):
     training.wait_for_stderr("Ctrl+C: stopping after this batch")  # the first press was handled
     training.process.send_signal(signal.SIGINT)
     code, result, err = training.finish()
-    assert code != 0 and result is None
+    assert code != 0 and result is None, err
     assert "KeyboardInterrupt" in err
 
 

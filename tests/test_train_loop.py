@@ -18,7 +18,8 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import PROGRAMS, TrainingProcess, cli, read_sidecar, run_program, wait_until
+from helpers import (PROGRAMS, TrainingProcess, cli, press_ctrl_c_twice_the_second_in_a_gc_callback, read_sidecar,
+                     run_program, wait_until)
 from jupyter_traincontrol import TrainLoop
 from jupyter_traincontrol.registry import find_run
 from jupyter_traincontrol.transport.send import deliver
@@ -251,6 +252,22 @@ def test_an_exception_in_the_body_fails_the_run_with_its_traceback_and_closes_ev
     assert loop.state == "failed" and loop.fifo is None
     record = find_run("broken")
     assert record["state"] == "failed" and "ZeroDivisionError" in record["error"] and "Traceback" in record["error"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # Python's report of the swallowed one
+def test_a_second_ctrl_c_swallowed_by_a_gc_callback_still_interrupts_the_loop(ckpt, ctrl_c):
+    """As for `fit`: the second Ctrl+C's KeyboardInterrupt, lost inside a
+    garbage-collector callback, is raised at the next item's boundary."""
+    model, optimizer = _tape_model()
+    with pytest.raises(KeyboardInterrupt):
+        with TrainLoop(name="gc", checkpoint_dir=ckpt, model=model, optimizer=optimizer, verbose=False) as loop:
+            for epoch in loop.epochs(3):
+                for index, (xb, yb) in enumerate(loop.batches(_data())):
+                    loop.log(loss=_train(model, optimizer, xb, yb))
+                    if (epoch, index) == (0, 1):
+                        press_ctrl_c_twice_the_second_in_a_gc_callback()
+    assert loop.state == "failed" and loop.checkpoints == []  # not the first press's graceful stop
+    assert (loop.epoch, loop.step) == (0, 2)  # raised at the boundary after the item that was pressed in
 
 
 def test_a_non_finite_loss_stops_the_loop_without_a_checkpoint(ckpt):

@@ -59,6 +59,7 @@ class CommandActions:
         self.ending_request: Request | None = None  # the stop or abort that ended the training
         self.ended_by_nan = False
         self.interrupted = False
+        self._second_interrupt = False  # a second Ctrl+C: its KeyboardInterrupt, raised again at the next boundary
         self._before_step = False  # this boundary comes before a step that runs whatever is done here
         self._deferred: Request | None = None  # a stop that came there: it acts after that step
         self._end = end
@@ -78,10 +79,22 @@ class CommandActions:
 
     @property
     def pending(self) -> bool:
-        """True when a command waits, or saves wait for a free writer (cheap)."""
+        """True when a command waits, saves wait for a free writer, or a
+        second Ctrl+C is to be raised (cheap)."""
         channel = self._channel
         return channel is not None and (channel.pending or self._deferred is not None
-                                        or (self.saves.due and self.saves.ready))
+                                        or (self.saves.due and self.saves.ready) or self._second_interrupt)
+
+    def interrupt_at_next_boundary(self) -> None:
+        """A second Ctrl+C: the next boundary raises `KeyboardInterrupt`.
+
+        The signal handler raises it at once, but wherever the main thread
+        is, and inside a garbage-collector callback (JAX registers one), a
+        ``__del__`` or a weakref callback Python only prints it and goes on.
+        A boundary reached after it was raised is one it did not end, so
+        it is raised again there. Safe in a signal handler: sets a flag.
+        """
+        self._second_interrupt = True
 
     def detach(self) -> None:
         """Stops taking commands (the run has ended); a held pause lets go.
@@ -102,6 +115,9 @@ class CommandActions:
         """
         if not self.pending:
             return
+        if self._second_interrupt:
+            self._second_interrupt = False
+            raise KeyboardInterrupt("A second Ctrl+C (raised again at this boundary: Python had swallowed it).")
         self.progress.mid_epoch = mid_epoch
         self._before_step = before_step
         self.trained.sync()  # the one sync of this boundary: what follows reads the state as it is now

@@ -301,12 +301,15 @@ class FitSession:
         if self.actions is not None:
             self.actions.interrupted = True
 
-    def _on_second_sigint(self) -> None:
+    def _on_second_sigint(self, raises: bool) -> None:
         # In a signal handler, on the main thread, which may hold any lock (a
         # record write, a save): ending the run here could wait on a thread that
         # waits on that lock. Only note why; the `KeyboardInterrupt` that follows
-        # leaves `fit`, and the watchdog ends the run from the run's thread.
+        # leaves `fit` (or, if Python swallowed it, the next boundary raises it
+        # again), and the watchdog ends the run from the run's thread.
         self.lost_because = "KeyboardInterrupt: a second Ctrl+C interrupted fit."
+        if raises:
+            self.actions.interrupt_at_next_boundary()
 
     # Closing -------------------------------------------------------------------------
 

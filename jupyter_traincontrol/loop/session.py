@@ -103,7 +103,7 @@ class LoopSession:
         steering.begin(self.resumed)
         if settings.handle_sigint and self.owns_run and on_main_thread():
             stop = graceful_stop(self.note_interrupt, lambda: self.run.send(Command.STOP, sender="sigint"), "item")
-            guard = SigintGuard(stop)
+            guard = SigintGuard(stop, self._on_second_sigint)
             guard.install()
             stack.callback(guard.retire)
         if run.state == RunState.STARTING:
@@ -114,6 +114,10 @@ class LoopSession:
         if self.owns_run:
             self.say(f"Run {run.name!r} is listening: `jupyter-traincontrol send {run.name} stop` or "
                      f"`echo stop > {run.address}`.")
+
+    def _on_second_sigint(self, raises: bool) -> None:
+        if raises:  # in a signal handler: a flag (Python may swallow the KeyboardInterrupt; the next boundary won't)
+            self.actions.interrupt_at_next_boundary()
 
     def _resume(self) -> None:
         run = self.run

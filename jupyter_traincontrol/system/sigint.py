@@ -5,7 +5,9 @@ training runs on the main thread, and retired when it ends. The first
 SIGINT only calls a function that asks the run to stop (safe in a signal
 handler: no locks, no I/O that can block); a second SIGINT hands the
 signal to the previous handler, which for Python's default handler raises
-`KeyboardInterrupt` as usual.
+`KeyboardInterrupt` as usual. Python may swallow that exception (where the
+handler ran inside a garbage-collector callback, as JAX's are), so the run
+is told too (``on_second``), and its next boundary raises it again.
 
 A run that ends off the main thread (its `fit` raised, and the run's own
 thread noticed) retires its guard (`system.signals.ChainedHandler`): the
@@ -57,15 +59,16 @@ class SigintGuard(ChainedHandler):
     Args:
         on_first: Called (on the main thread) for the first SIGINT.
         on_second: Called just before the second SIGINT is handed to the
-            previous handler, for cleanup.
+            previous handler, with True when that handler raises
+            `KeyboardInterrupt` (Python's own, or the default disposition).
     """
 
     signum = signal.SIGINT
 
-    def __init__(self, on_first: Callable[[], None], on_second: Callable[[], None] | None = None):
+    def __init__(self, on_first: Callable[[], None], on_second: Callable[[bool], None] | None = None):
         super().__init__()
         self._on_first = on_first
-        self._on_second = on_second or (lambda: None)
+        self._on_second = on_second or (lambda raises: None)
         self._restore_asked = False
         self.count = 0
 
@@ -89,8 +92,9 @@ class SigintGuard(ChainedHandler):
         if self.count == 1:
             self._on_first()
             return
+        previous = self.previous
         try:
-            self._on_second()
+            self._on_second(previous is signal.default_int_handler or not callable(previous))
         finally:
             self.pass_on(signum, frame)
 
