@@ -51,7 +51,7 @@ PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=10
 BACKEND_TESTS ?= tests/test_callback.py tests/test_cli.py tests/test_checkpoint.py tests/test_faults.py \
                  tests/test_steering.py tests/test_background_saves.py tests/test_exact_resume.py \
-                 tests/test_backends.py tests/test_notebook_backends.py
+                 tests/test_backends.py tests/test_notebook_backends.py tests/test_span.py
 KERAS2_TESTS ?= tests/test_keras2.py
 test: $(STAMP) wheel
 	$(BIN)/lint-imports --no-cache

@@ -185,14 +185,16 @@ def clock_hooks(callback) -> list[float]:
     return held
 
 
-def short_fits(model, x, y, make_fresh, reused, rounds: int) -> dict[str, float]:
-    """Median extra seconds of a 2-batch fit: with one `ControlCallback`
-    reused for every fit, and with a new one each time, over plain fits
-    (the three alternating in one process); and ``held``: how long the
-    reused callback's hooks held the training thread, a fit's median (free
-    of the noise of the fit itself, but not counting what its threads
-    take from the training's CPU)."""
-    held = clock_hooks(reused)
+def short_fits(model, x, y, make_fresh, reused, spanning, rounds: int) -> dict[str, float]:
+    """Median extra seconds of a 2-batch fit over plain fits (the four
+    alternating in one process): with one `ControlCallback` reused for
+    every fit (``reused``: a run each fit), with a new one each time
+    (``fresh``), and with `spanning` in a with block (``block``: one run
+    for every fit); and how long the hooks of the reused callback
+    (``held``) and of the spanning one (``held_block``) held the training
+    thread, a fit's median (free of the noise of the fit itself, but not
+    counting what their threads take from the training's CPU)."""
+    held, held_block = clock_hooks(reused), clock_hooks(spanning)
 
     def timed(callbacks):
         def run():
@@ -203,10 +205,22 @@ def short_fits(model, x, y, make_fresh, reused, rounds: int) -> dict[str, float]
 
         return run
 
-    times = _common.alternate({"plain": timed(lambda: []), "reused": timed(lambda: [reused]),
-                               "fresh": timed(make_fresh)}, rounds, label="short fits")
+    with spanning:
+        times = _common.alternate({"plain": timed(lambda: []), "reused": timed(lambda: [reused]),
+                                   "fresh": timed(make_fresh), "block": timed(lambda: [spanning])}, rounds,
+                                  label="short fits")
     return {name: _common.median([ours - plain for ours, plain in zip(times[name], times["plain"])])
-            for name in ("reused", "fresh")} | {"plain": _common.median(times["plain"]), "held": _common.median(held)}
+            for name in ("reused", "fresh", "block")} | {"plain": _common.median(times["plain"]),
+                                                           "held": _common.median(held),
+                                                           "held_block": _common.median(held_block)}
+
+
+def short_fit_words(short: dict[str, float]) -> str:
+    """What `short_fits` measured, in one sentence's words."""
+    return (f"{short['reused'] * 1e3:.2f} ms a fit with a reused ControlCallback (hooks held {short['held'] * 1e3:.2f} ms), "
+            f"{short['fresh'] * 1e3:.2f} ms with a new one each fit, {short['block'] * 1e3:.2f} ms in a with block "
+            f"(one run for every fit: {short['block'] * 1e3 / SHORT_FIT_GOAL_MS:.2f}x the goal of {SHORT_FIT_GOAL_MS:g} ms; "
+            f"hooks held {short['held_block'] * 1e3:.2f} ms)")
 
 
 def thread_cpu_seconds(native_id: int) -> float:
@@ -299,15 +313,13 @@ def measure_short_fits(args) -> int:
     rounds = 3 if args.quick else args.short_rounds
     with _common.scratch_folder(args.dir, "traincontrol-bench-overhead-") as scratch:
         reused = ControlCallback(save_at_end=False, name="bench-reused", checkpoint_dir=scratch / "ck-reused", verbose=False)
+        spanning = ControlCallback(save_at_end=False, name="bench-block", checkpoint_dir=scratch / "ck-block", verbose=False)
         short = short_fits(model, x, y, lambda: [ControlCallback(save_at_end=False, name="bench-fresh", checkpoint_dir=scratch / "ck",
-                                                                  verbose=False)], reused, rounds)
+                                                                  verbose=False)], reused, spanning, rounds)
     print(f"short fits on {keras.backend.backend()}: {rounds} rounds of 2-batch fits (plain {short['plain'] * 1e3:.1f} ms), "
-          f"alternating plain, a reused ControlCallback and a new one each fit: opening and closing the run costs "
-          f"{short['reused'] * 1e3:.2f} ms (reused) and {short['fresh'] * 1e3:.2f} ms (new), medians of the paired "
-          f"differences; the reused callback's hooks held the training thread {short['held'] * 1e3:.2f} ms a fit")
-    _common.print_summary(f"overhead: short fits on {keras.backend.backend()}: {short['reused'] * 1e3:.2f} ms a fit "
-                          f"reused ({short['reused'] * 1e3 / SHORT_FIT_GOAL_MS:.2f}x the goal; hooks held "
-                          f"{short['held'] * 1e3:.2f} ms), {short['fresh'] * 1e3:.2f} ms new (goal <= {SHORT_FIT_GOAL_MS:g} ms reused)")
+          f"alternating plain, a reused ControlCallback, a new one each fit and one in a with block; medians of the "
+          f"paired differences to plain: {short_fit_words(short)}")
+    _common.print_summary(f"overhead: short fits on {keras.backend.backend()}: {short_fit_words(short)}")
     return 0
 
 
@@ -367,6 +379,7 @@ def measure(args) -> int:
                                         "naive FIFO": callbacks["naive FIFO"]()[0]}, 2000 if args.quick else 20000)
         short = short_fits(model, x, y, lambda: callbacks["ControlCallback"]()[1:],
                            ControlCallback(save_at_end=False, name="bench-reused", checkpoint_dir=scratch / "ck-reused", verbose=False),
+                           ControlCallback(save_at_end=False, name="bench-block", checkpoint_dir=scratch / "ck-block", verbose=False),
                            3 if args.quick else args.short_rounds)
         per_fit = short["reused"]
 
@@ -391,9 +404,7 @@ def measure(args) -> int:
     _common.print_table(["callback", "us/batch", "share"],
                         [[name, cost * 1e6, f"{cost * 1e3 / batch_ms:.2%}"] for name, cost in hooks.items()])
     plain_fit = _common.median(times["plain"])
-    print(f"\nshort fits (2 batches, {_common.median([short['plain']]) * 1e3:.1f} ms plain): opening and closing the run "
-          f"costs {short['reused'] * 1e3:.2f} ms a fit with a reused ControlCallback, {short['fresh'] * 1e3:.2f} ms with a "
-          f"new one each fit (goal <= {SHORT_FIT_GOAL_MS:g} ms)")
+    print(f"\nshort fits (2 batches, {_common.median([short['plain']]) * 1e3:.1f} ms plain): {short_fit_words(short)}")
     parts = {
         f"batch hook x {batches}": hooks["ControlCallback"] * batches,
         "open and close the run (reused callback)": per_fit,
@@ -419,7 +430,8 @@ def measure(args) -> int:
           f"(noise: per-round ratios of plain to itself would spread as widely as the ranges above)")
     _common.print_summary(
         f"overhead: ControlCallback {estimate:.3f}x part by part ({hooks['ControlCallback'] * 1e6:.1f} us/batch, "
-        f"{per_fit * 1e3:.2f} ms/fit reused ({short['fresh'] * 1e3:.2f} ms fresh; goal <= {SHORT_FIT_GOAL_MS:g} ms), "
+        f"{per_fit * 1e3:.2f} ms/fit reused ({short['fresh'] * 1e3:.2f} ms fresh, {short['block'] * 1e3:.2f} ms in a with "
+        f"block; goal <= {SHORT_FIT_GOAL_MS:g} ms), "
         f"reader {reader_seconds * 1e3:.1f} ms/fit); whole fits (wall, CPU): "
         + ", ".join(f"{name} {_common.median(ratios[name]):.3f}x {_common.median(cpu_ratios[name]):.3f}x"
                     for name in callbacks if name != "plain")

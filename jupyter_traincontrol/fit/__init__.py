@@ -3,6 +3,7 @@
 - `callback`: `ControlCallback`, the Keras hooks only.
 - `session`: `FitSession`, every part of one `fit`, opened at train begin
   and closed once, by one `ExitStack`.
+- `span`: `FitSpan`, one run for every `fit` of a ``with ControlCallback(...)`` block.
 - `watchdog`: notices a `fit` that raised (Keras then skips ``on_train_end``).
 - `resume/`: exact resume (the batches already trained, random state, data order).
 - `keras2`: what a Keras 2 (``tf_keras``) `fit` needs of the callback, its

@@ -35,6 +35,7 @@ from ..run import RunLifecycle
 from .keras2 import Keras2Hooks
 from .resume.sources import check_resume_from
 from .session import FitSession
+from .span import FitSpan
 
 __all__ = ["ControlCallback"]
 
@@ -47,8 +48,10 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
     commands (see `protocol.COMMAND_HELP`); at train end a `fit` that ran
     to its end writes a last checkpoint (``save_at_end``), then the run
     records its final state and how it ended, and closes its channel. An
-    instance can be reused for several `fit` calls. A Keras 2 (``tf_keras``)
-    `fit` takes it too (see `fit.keras2` for what differs).
+    instance can be reused for several `fit` calls, each a run of its own;
+    in a ``with`` block, one run spans every `fit` given it (`fit.span`: for
+    code that calls `fit` in a loop). A Keras 2 (``tf_keras``) `fit` takes
+    it too (see `fit.keras2` for what differs).
 
     Args:
         name: The run's name, unique among live runs: 1-64 letters, digits,
@@ -160,6 +163,7 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
             name, checkpoint_dir, keep, channel_kind=channel_kind, registry=self.job.registry() if self.job else None
         )
         self._session: FitSession | None = None  # the fit in progress, or the last one
+        self._span: FitSpan | None = None  # the run of the with block this callback is in
 
     # Public view ---------------------------------------------------------
 
@@ -211,12 +215,29 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         if self._session is not None:
             self._session.note_interrupt()
 
+    # One run for many fits -----------------------------------------------
+
+    def __enter__(self) -> "ControlCallback":
+        """Opens one run for every `fit` given this callback in the with
+        block (see `fit.span`): its name, FIFO, record and checkpoint folder
+        are taken once, not at each `fit`. A stop or abort ends the block."""
+        if self._span is not None:
+            raise RuntimeError(f"Run {self.name!r} is already open for a with block of this callback.")
+        self._span = FitSpan.open(self)
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        span, self._span = self._span, None
+        return span.close(kind, error, tb) if span is not None else False
+
     # Keras hooks ---------------------------------------------------------
 
     def on_train_begin(self, logs=None):
         previous = self._session
         if previous is not None and not previous.closed:
             previous.close(RunState.FAILED, "A new fit began before the previous one ended.")
+        if self._span is not None:
+            self._span.fit_begins()
         self._session = FitSession(self, self.model, self.params)
         self._session.open()
         self._session.start()
@@ -250,3 +271,5 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._session.train_ended()
+        if self._span is not None:
+            self._span.fit_ended()

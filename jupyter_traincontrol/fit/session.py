@@ -144,7 +144,7 @@ class FitSession:
             stack.callback(self._log_error)
         run.follow(self.progress)
         stack.callback(run.unfollow)
-        fit_watchdog = FitWatchdog(self.model, self._on_fit_lost)
+        fit_watchdog = FitWatchdog(self.model, self.fit_lost)
         stack.callback(fit_watchdog.stop)
         run.publisher.add_tick_hook(fit_watchdog.check)
         stack.callback(run.publisher.remove_tick_hook, fit_watchdog.check)
@@ -180,8 +180,8 @@ class FitSession:
         if self.data_order is not None:
             self.data_order.attach()
             stack.callback(self.data_order.detach)
-        store.acquire()  # checked and locked before the first step
-        stack.callback(store.release)
+        if not store.held:  # checked and locked before the first step (a with block's run holds it for all its fits)
+            stack.callback(store.acquire().release)
         stack.callback(self.actions.detach)  # the saves end while the folder is still held
         if callback.resume or callback.resume_from is not None:
             self._resume(store)
@@ -313,7 +313,8 @@ class FitSession:
 
     # Closing -------------------------------------------------------------------------
 
-    def _on_fit_lost(self) -> None:
+    def fit_lost(self) -> None:
+        """`fit` left without ``on_train_end`` (it raised): the run ends ``failed``."""
         self.close(RunState.FAILED, self.lost_because or "fit raised an exception; on_train_end never ran.")
 
     def _leave_job(self) -> None:

@@ -7,10 +7,12 @@
 - `progress`: `RunProgress`, what the driver of the training reports.
 - `record`: the run's record, built from the parts.
 - `publisher`: writing the record, and the run's ticks (on the channel's thread).
+- `drivers`: `RunDrivers`, the trainings (fits, loops) of a run that spans several.
 """
 
+from .drivers import RunDrivers
 from .journal import Journal, RunEvent
 from .lifecycle import RunLifecycle
 from .progress import ProgressSource, RunProgress
 
-__all__ = ["Journal", "ProgressSource", "RunEvent", "RunLifecycle", "RunProgress"]
+__all__ = ["Journal", "ProgressSource", "RunDrivers", "RunEvent", "RunLifecycle", "RunProgress"]

@@ -1,0 +1,152 @@
+"""One run for many `fit` calls: ``with ControlCallback(...) as control:``.
+
+Outside a with block, each `fit` of a `ControlCallback` is a run of its own:
+its name is claimed, its FIFO made, its record written, its checkpoint
+folder locked, and all of it let go when the `fit` ends. Code that calls
+`fit` in a loop (reinforcement learning, active learning, one epoch a
+call) pays that every time. In a with block, every `fit` given the
+callback drives one run, opened when the block begins and ended when it
+ends (`FitSpan`): a `fit` pays only for its own part.
+
+A ``stop`` or ``abort`` ends the block's training, as it ends a notebook
+cell's: the `fit` it ends returns as usual, and a later one in the block
+raises `TrainingEnded` before its first step, which the with statement
+swallows (the code after the block runs). A command sent between two fits
+acts in the next one. The run's final state: ``stopped`` or ``aborted``
+after that command, ``failed`` if the block raised (``interrupt`` as its
+end reason for a Ctrl+C between two fits), else ``finished``.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from ..protocol import RunState, final_state
+from ..run import RunDrivers
+from . import watchdog
+
+__all__ = ["FitSpan", "TrainingEnded"]
+
+
+class TrainingEnded(Exception):
+    """A `fit` began in a ``with ControlCallback(...)`` block after a stop or
+    abort had ended the block's training. It trains nothing; the block's
+    with statement ends on it quietly.
+
+    Args:
+        name: The run's name.
+        run_id: The run's ``run_id`` (the with statement swallows only its own).
+        ended_by: The command that ended the training.
+    """
+
+    def __init__(self, name: str, run_id: str, ended_by):
+        super().__init__(f"Run {name!r} was told to {ended_by}: this fit trains nothing, and the with block ends.")
+        self.run_id = run_id
+
+
+class FitSpan:
+    """The run of a ``with ControlCallback(...)`` block: opened by `open`,
+    driven by each `fit` in the block, ended by `close`.
+
+    Args:
+        callback: The `ControlCallback` whose block this is.
+    """
+
+    def __init__(self, callback: Any):
+        self._callback = callback
+        self._drivers = RunDrivers(resume=callback.resume)
+        self._settings = callback.resume, callback.resume_from  # the first fit's only; the callback's again after
+
+    @classmethod
+    def open(cls, callback: Any) -> "FitSpan":
+        """Opens the callback's run for a with block: claimed, listening,
+        its checkpoint folder held until the block ends.
+
+        Raises:
+            RuntimeError: The callback runs in a run it does not own
+                (``lifecycle=``), belongs to a multi-process job, or a `fit`
+                of it is in progress.
+            NameTakenError, CheckpointDirError, CheckpointDirBusyError: As
+                a `fit` would (the run is not left open).
+        """
+        if not callback.owns_lifecycle:
+            raise RuntimeError("This ControlCallback drives a run it was given (lifecycle=...), which its owner opens "
+                               "and closes; a with block opens the callback's own run.")
+        if callback.job is not None:
+            raise RuntimeError("A multi-process job's run spans one fit, opened and closed in step by every process; "
+                               "use the callback without a with block.")
+        session = callback.session
+        if session is not None and not session.closed:
+            raise RuntimeError(f"A fit of run {callback.name!r} is in progress; a with block begins between fits.")
+        watchdog.check_all()  # a run of this process whose fit raised ends now, before a new one claims a name
+        span, run = cls(callback), callback.lifecycle
+        run.open()
+        try:
+            run.store.acquire()  # checked and locked once, for every fit of the block
+        except BaseException as error:
+            run.close(RunState.FAILED, f"Could not start: {error}")
+            raise
+        callback.owns_lifecycle = False  # its fits drive the open run
+        span._say(f"Run {run.name!r} is listening: `jupyter-traincontrol send {run.name} stop` or "
+                  f"`echo stop > {run.address}`.")
+        return span
+
+    def fit_begins(self) -> None:
+        """``on_train_begin``, before the fit's session opens: only the first
+        fit resumes; after a stop or abort, no fit trains.
+
+        Raises:
+            TrainingEnded: A stop or abort ended the block's training.
+        """
+        callback, drivers = self._callback, self._drivers
+        if drivers.driving:  # the previous fit raised
+            drivers.driver_ended(callback)
+        if drivers.ended_by is not None:
+            run = callback.lifecycle
+            raise TrainingEnded(run.name, run.run_id, drivers.ended_by)
+        first = drivers.count == 0
+        callback.resume = drivers.take_resume()
+        callback.resume_from = self._settings[1] if first else None
+        drivers.driver_began(callback)
+
+    def fit_ended(self) -> None:
+        """``on_train_end``, once the fit's session has closed."""
+        self._drivers.driver_ended(self._callback)
+
+    def close(self, kind, error, tb) -> bool:
+        """Ends the block's run (its ``__exit__``).
+
+        Returns:
+            True when the block ended on this run's `TrainingEnded` (the
+            with statement swallows it).
+        """
+        callback, drivers = self._callback, self._drivers
+        run = callback.lifecycle
+        callback.owns_lifecycle = True
+        callback.resume, callback.resume_from = self._settings
+        session = callback.session
+        if session is not None and not session.closed:  # a fit that raised: its watchdog has not ended it yet
+            session.fit_lost()
+        if drivers.driving:
+            drivers.driver_ended(callback)
+        swallowed = isinstance(error, TrainingEnded) and error.run_id == run.run_id
+        if kind is None or swallowed:
+            state, text = final_state(drivers.ended_by), None
+            reason = drivers.end_reason(state)
+            if drivers.count == 0:
+                run.journal.log("warning", "The with block ran no fit with this callback, so nothing in it was "
+                                           "under control: pass it to fit, as callbacks=[control].")
+        else:
+            state, text = RunState.FAILED, "".join(traceback.format_exception(kind, error, tb))
+            reason = "interrupt" if issubclass(kind, KeyboardInterrupt) else None
+        try:
+            run.store.release()
+        finally:
+            run.close(state, text, reason)
+        self._say(f"Run {run.name!r} {state}.")
+        return swallowed
+
+    def _say(self, message: str) -> None:
+        if self._callback.verbose:
+            print(f"[traincontrol] {message}", flush=True)
