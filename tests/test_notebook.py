@@ -255,8 +255,14 @@ def test_wrong_options_are_usage_errors(kernel, line, message):
 
 def test_wait_keeps_the_cell_busy_and_an_interrupt_ends_it_without_a_traceback(kernel):
     msg_id = kernel.execute(FIT_CELL.format(name="waiter", options="--wait", epochs=200, sleep=0.01), wait=False)
-    wait_until(lambda: any(r["name"] == "waiter" and (r.get("step") or r.get("epoch", 0) > 1) for r in list_runs()),
-               timeout=60, message="the --wait run to train")  # the cell is busy: ask the registry
+    try:  # the cell is busy: ask the registry
+        wait_until(lambda: any(r["name"] == "waiter" and (r.get("step") or r.get("epoch", 0) > 1) for r in list_runs()),
+                   timeout=60, message="the --wait run to train")
+    except AssertionError as error:  # say what the run and the cell did
+        kernel.interrupt()
+        cell = kernel.collect(msg_id, timeout=60)
+        records = [{key: r.get(key) for key in ("name", "state", "epoch", "step", "error")} for r in list_runs()]
+        raise AssertionError(f"{error}\nruns: {records}\ncell: {cell.status} {cell.error}\n{cell.text()}") from None
     kernel.interrupt()
     result = kernel.collect(msg_id, timeout=60)
     assert result.status == "ok", result.error
