@@ -294,6 +294,8 @@ class TrainingProcess:
 
         A killed process leaves its run folder (FIFO included) behind; listing
         the runs removes the folders of dead processes, as it would for a user.
+        Returns once every pipe to the process is closed (its stderr by the
+        reader thread, at the end of what it reads).
         """
         if self.process.poll() is None:
             self.process.kill()
@@ -303,5 +305,6 @@ class TrainingProcess:
             list_runs()
         else:
             self.process.communicate()
+        self._stderr_reader.join(10)
 
 
