@@ -205,8 +205,7 @@ class FitSession:
         if run.state == RunState.STARTING:
             run.move_to(RunState.RUNNING)
         if self.callback.owns_lifecycle:
-            self.say(f"Run {run.name!r} is listening: `jupyter-traincontrol send {run.name} stop` or "
-                     f"`echo stop > {run.address}`.")
+            self.say(run.listening_words())
         if run.state == RunState.STOPPING:  # the run was stopped before this fit
             self.model.stop_training = True
         else:  # commands sent while no fit ran act before the first batch (a stop: after it)

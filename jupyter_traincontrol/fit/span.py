@@ -88,8 +88,7 @@ class FitSpan:
             run.close(RunState.FAILED, f"Could not start: {error}")
             raise
         callback.owns_lifecycle = False  # its fits drive the open run
-        span._say(f"Run {run.name!r} is listening: `jupyter-traincontrol send {run.name} stop` or "
-                  f"`echo stop > {run.address}`.")
+        span._say(run.listening_words())
         return span
 
     def fit_begins(self) -> None:

@@ -112,8 +112,7 @@ class LoopSession:
             self.ended = True
             run.journal.log("info", "The TrainLoop does not train: the run was told to stop before it began.")
         if self.owns_run:
-            self.say(f"Run {run.name!r} is listening: `jupyter-traincontrol send {run.name} stop` or "
-                     f"`echo stop > {run.address}`.")
+            self.say(run.listening_words())
 
     def _on_second_sigint(self, raises: bool) -> None:
         if raises:  # in a signal handler: a flag (Python may swallow the KeyboardInterrupt; the next boundary won't)

@@ -296,6 +296,11 @@ class RunLifecycle:
         channel = self.channel
         return channel.address if channel is not None else None
 
+    def listening_words(self) -> str:
+        """One line for the user: the run listens, and how to stop it."""
+        return (f"Run {self.name!r} is listening: `jupyter-traincontrol send {self.name} stop` or "
+                f"`echo stop > {self.address}`.")
+
     def record(self) -> dict[str, Any]:
         """The run's record as published (without the registry's fields)."""
         store = self.store
