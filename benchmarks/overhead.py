@@ -59,8 +59,10 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -73,6 +75,7 @@ _common.prepare_environment()
 
 GOAL_RATIO = 1.02
 SHORT_FIT_GOAL_MS = 1.0  # opening and closing the run, a fit, with a reused callback
+LOOP_FITS = 25  # fits in each loop of `default_loops`
 FEATURES, BATCH_SIZE = 32, 32
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -223,6 +226,38 @@ def short_fit_words(short: dict[str, float]) -> str:
             f"hooks held {short['held_block'] * 1e3:.2f} ms)")
 
 
+def default_loops(model, x, y, scratch: Path, fits: int, rounds: int) -> dict[str, float]:
+    """A loop of `fits` 2-batch fits with `ControlCallback`'s defaults
+    (``save_at_end`` on), alternating with a plain loop: ``each``, a run
+    each fit (each writes its end checkpoint), and ``block``, the loop in
+    a with block (one run, one end checkpoint as the block ends). Median
+    extra seconds a fit over the plain loop's, and the checkpoints each
+    loop wrote."""
+    from jupyter_traincontrol import ControlCallback
+
+    written = {}
+
+    def loop(kind: str):
+        def run():
+            folder = scratch / f"ck-loop-{kind}-{len(written)}"
+            control = ControlCallback(name=f"bench-loop-{kind}", checkpoint_dir=folder, verbose=False)
+            begin = time.perf_counter()
+            with control if kind == "block" else contextlib.nullcontext():
+                for _ in range(fits):
+                    model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0,
+                              callbacks=[control] if kind != "plain" else [])
+            spent = time.perf_counter() - begin
+            written[kind] = len(control.checkpoints)
+            shutil.rmtree(folder, ignore_errors=True)
+            return spent / fits
+
+        return run
+
+    times = _common.alternate({kind: loop(kind) for kind in ("plain", "each", "block")}, rounds, label="loops")
+    return {kind: _common.median([ours - plain for ours, plain in zip(times[kind], times["plain"])])
+            for kind in ("each", "block")} | {f"{kind}_checkpoints": written[kind] for kind in ("each", "block")}
+
+
 def thread_cpu_seconds(native_id: int) -> float:
     """CPU time a thread of this process has used (Linux schedstat, ns precision)."""
     with open(f"/proc/self/task/{native_id}/schedstat") as handle:
@@ -316,10 +351,16 @@ def measure_short_fits(args) -> int:
         spanning = ControlCallback(save_at_end=False, name="bench-block", checkpoint_dir=scratch / "ck-block", verbose=False)
         short = short_fits(model, x, y, lambda: [ControlCallback(save_at_end=False, name="bench-fresh", checkpoint_dir=scratch / "ck",
                                                                   verbose=False)], reused, spanning, rounds)
+        fits = 4 if args.quick else LOOP_FITS
+        loops = default_loops(model, x, y, scratch, fits, 1 if args.quick else 5)
     print(f"short fits on {keras.backend.backend()}: {rounds} rounds of 2-batch fits (plain {short['plain'] * 1e3:.1f} ms), "
           f"alternating plain, a reused ControlCallback, a new one each fit and one in a with block; medians of the "
           f"paired differences to plain: {short_fit_words(short)}")
-    _common.print_summary(f"overhead: short fits on {keras.backend.backend()}: {short_fit_words(short)}")
+    loop_words = (f"a loop of {fits} fits with the defaults (save_at_end on): {loops['each'] * 1e3:.2f} ms a fit over plain "
+                  f"with a run each fit (each writes its end checkpoint; {loops['each_checkpoints']} kept), {loops['block'] * 1e3:.2f} ms in a with "
+                  f"block ({loops['block_checkpoints']} checkpoint, as the block ends): {loops['block'] / loops['each']:.3f}x")
+    print(f"{loop_words} (medians of alternating rounds)")
+    _common.print_summary(f"overhead: short fits on {keras.backend.backend()}: {short_fit_words(short)}; {loop_words}")
     return 0
 
 

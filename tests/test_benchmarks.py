@@ -36,10 +36,19 @@ def test_overhead_measures_each_backend_in_its_own_process(tmp_path):
     assert summary.count("x part by part") == 3 and summary.endswith("(goal <= 1.02x each)")
 
 
-def quick_run(script: str, tmp_path, timeout: float = 120) -> subprocess.CompletedProcess:
+def test_overhead_short_fits_measures_a_loop_of_fits_with_the_defaults(tmp_path):
+    """``overhead.py --short-fits``: the 2-batch fits, then a loop of fits
+    with ``save_at_end`` on, a run each fit beside a with block."""
+    result = quick_run("overhead", tmp_path, "--short-fits", "--backend", "jax")
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith("SUMMARY overhead: short fits on jax: ") and " ms in a with block " in summary
+    assert "(each writes its end checkpoint; 3 kept)" in summary and "(1 checkpoint, as the block ends)" in summary
+
+
+def quick_run(script: str, tmp_path, *options: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs ``benchmarks/SCRIPT.py --quick``; checks its summary line and that it cleaned up."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--quick", "--dir", str(tmp_path)],
+        [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--quick", "--dir", str(tmp_path), *options],
         capture_output=True, text=True, timeout=timeout, env=child_env(),
     )
     assert result.returncode == 0, result.stderr[-3000:]

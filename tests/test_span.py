@@ -85,6 +85,37 @@ def test_a_fit_that_raises_in_the_block_ends_its_run_failed(make_model, tiny_dat
     assert control.state == "failed" and "a user's callback failed" in control.lifecycle.error
 
 
+def test_a_finished_block_writes_one_end_checkpoint_as_it_ends_which_a_resume_continues(make_model, tiny_data, ckpt):
+    model, control = make_model(), ControlCallback(name="loop", checkpoint_dir=ckpt)  # save_at_end: the default
+    with control:
+        for _ in range(3):
+            fit(model, tiny_data, control, epochs=1)
+            assert control.checkpoints == []  # a fit in the block writes none of its own
+        assert control.save_at_end is False  # the block's, until it ends
+    (checkpoint,) = control.checkpoints
+    sidecar = read_sidecar(checkpoint)
+    assert (sidecar["reason"], sidecar["global_step"]) == ("end", 3 * BATCHES)
+    assert control.save_at_end is True and find_run("loop")["checkpoints"] == [str(checkpoint)]
+    resumed, again = make_model(), ControlCallback(name="loop", checkpoint_dir=ckpt, resume=True, save_at_end=False)
+    fit(resumed, tiny_data, again, epochs=2)  # the checkpoint ends the last fit's epoch 1 of 1: one more
+    assert again.session.resumption.checkpoint.path == checkpoint
+    assert int(resumed.optimizer.iterations.numpy()) == 4 * BATCHES
+
+
+def test_a_block_that_fails_or_stops_writes_no_end_checkpoint(make_model, tiny_data, ckpt):
+    model, control = make_model(), ControlCallback(name="loop", checkpoint_dir=ckpt)
+    with pytest.raises(ValueError, match="after the fit"):
+        with control:
+            fit(model, tiny_data, control, epochs=1)
+            raise ValueError("after the fit")
+    assert control.checkpoints == [] and control.state == "failed"
+    with control:
+        fit(model, tiny_data, control, epochs=1)
+        queue(control, "stop")
+        fit(model, tiny_data, control, epochs=1)
+    assert [read_sidecar(path)["reason"] for path in control.checkpoints] == ["stop"]
+
+
 def test_the_block_holds_its_checkpoint_folder_from_its_start_to_its_end(make_model, tiny_data, ckpt):
     model, control = make_model(), ControlCallback(name="loop", checkpoint_dir=ckpt, save_at_end=False)
     with control:

@@ -193,6 +193,22 @@ class SaveScheduler:
         self._answer(requests, *outcome)
         return outcome
 
+    def write_at_end(self) -> None:
+        """The checkpoint of a `fit` that ran to its end (reason ``end``), on
+        disk when this returns. A failure is said, never raised: the training
+        is done all the same (a model Keras cannot serialize)."""
+        progress = self._progress
+        progress.mid_epoch = progress.in_validation = False  # after the last epoch's end, as a stop there
+        if progress.steps is not None and progress.step < progress.steps:
+            progress.stopped_mid_epoch = True  # a callback of the user's ended the epoch early
+        try:
+            self.trained.sync()
+            self.write_now("end")
+        except Exception as error:
+            message = f"Could not write the checkpoint at the end of fit: {error}"
+            self.run.journal.log("error", message)
+            self._say(message, stream=sys.stderr)
+
     def close(self) -> None:
         """At the end of training: waits for the write in flight and drops
         the host copy; saves still waiting are written now (on the training

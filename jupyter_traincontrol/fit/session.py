@@ -29,6 +29,7 @@ from ..boundary.tunables import Tunables
 from ..checkpoint import SkippedCheckpoint, TrainingPosition
 from ..protocol import Command, RunState, final_state
 from ..run import RunLifecycle
+from ..run.voice import say
 from ..state import Keras2State, KerasState, is_keras2_model, random_state
 from ..system.sigint import SigintGuard, graceful_stop
 from . import keras2, watchdog
@@ -156,14 +157,11 @@ class FitSession:
         store = job.store(run.store, model) if job is not None else run.store
         # A job's processes save in step (process 0 writes, the others take part in
         # the collectives of the serialization and wait): on the training thread.
-        saves = SaveScheduler(self.trained, run, progress, self.say,
-                              background=callback.save_in_background and job is None and self.trained.snapshots,
-                              resume_state=None if self.keras2 else self._resume_state, store=store)
         tunables = Tunables(model, callback.tunables, rebuild=lambda: rebuild_train_function(model))
         self.steering = steering = Steering(self.trained, tunables, run, progress, self.say,
                                             history=lambda: getattr(model, "history", None))
+        saves = self._saves(store, background=callback.save_in_background and job is None and self.trained.snapshots)
         steering.wait_for_saves = saves.wait_for_writes
-        saves.policy = steering
         channel = run.channel
         if job is not None:  # commands of a multi-process job: proposed to all, applied by all at one step
             job.opened(run, progress, self._watchdog, self.end_lost, model)
@@ -191,6 +189,13 @@ class FitSession:
             guard = SigintGuard(stop, self._on_second_sigint)
             guard.install()
             stack.callback(guard.retire)
+
+    def _saves(self, store, background: bool) -> SaveScheduler:
+        """This fit's checkpoints into `store`, on its steering's terms."""
+        saves = SaveScheduler(self.trained, self.run, self.progress, self.say, background=background,
+                              resume_state=None if self.keras2 else self._resume_state, store=store)
+        saves.policy = self.steering
+        return saves
 
     def _unwire(self, saves) -> None:
         channel = self.run.channel
@@ -338,23 +343,20 @@ class FitSession:
         actions = self.actions
         state = final_state(actions.ended_by)
         if state is RunState.FINISHED and self.callback.save_at_end and self.progress.boundary and not self._closing:
-            self._save_at_end()
+            actions.saves.write_at_end()
         self.close(state, end_reason=actions.end_reason(state))
 
-    def _save_at_end(self) -> None:
-        """The checkpoint of a finished `fit`, on disk when this returns. A
-        failure is said, never raised: `fit` has trained, it returns its History."""
-        progress = self.progress
-        progress.mid_epoch = progress.in_validation = False  # after the last epoch's end, as a stop there
-        if progress.steps is not None and progress.step < progress.steps:
-            progress.stopped_mid_epoch = True  # a callback of the user's ended the epoch early
+    def save_after_close(self) -> None:
+        """A finished with block's end checkpoint (`fit.span`), its last `fit`
+        closed: the model as it is now, at that fit's last position. Nothing
+        if that fit did not finish (the block went on) or trained no batch."""
+        if self.final_state is not RunState.FINISHED or not self.progress.boundary:
+            return
+        saves = self._saves(self.run.store, background=False)
         try:
-            self.trained.sync()
-            self.actions.saves.write_now("end")
-        except Exception as error:  # a model Keras cannot serialize: training is done all the same
-            message = f"Could not write the checkpoint at the end of fit: {error}"
-            self.run.journal.log("error", message)
-            self.say(message, stream=sys.stderr)
+            saves.write_at_end()
+        finally:
+            saves.close()
 
     def close(self, final_state: RunState, error: str | None = None, end_reason: str | None = None) -> None:
         """Ends the fit's run in `final_state`: every part closes, in reverse
@@ -394,6 +396,5 @@ class FitSession:
 
     def say(self, message: str, stream=None) -> None:
         """One line for the user, unless the callback is quiet."""
-        if self.callback.verbose:
-            print(f"[traincontrol] {message}", file=stream or sys.stdout, flush=True)
+        say(message, verbose=self.callback.verbose, stream=stream)
 

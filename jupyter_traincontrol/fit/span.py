@@ -8,6 +8,10 @@ call) pays that every time. In a with block, every `fit` given the
 callback drives one run, opened when the block begins and ended when it
 ends (`FitSpan`): a `fit` pays only for its own part.
 
+With ``save_at_end`` (the default), a block that ends ``finished`` writes
+one checkpoint as it ends, of the model as it is then, at its last `fit`'s
+position; its fits write none of their own.
+
 A ``stop`` or ``abort`` ends the block's training, as it ends a notebook
 cell's: the `fit` it ends returns as usual, and a later one in the block
 raises `TrainingEnded` before its first step, which the with statement
@@ -24,6 +28,7 @@ from typing import Any
 
 from ..protocol import RunState, final_state
 from ..run import RunDrivers
+from ..run.voice import say
 from . import watchdog
 
 __all__ = ["FitSpan", "TrainingEnded"]
@@ -56,7 +61,9 @@ class FitSpan:
     def __init__(self, callback: Any):
         self._callback = callback
         self._drivers = RunDrivers(resume=callback.resume)
-        self._settings = callback.resume, callback.resume_from  # the first fit's only; the callback's again after
+        #: The callback's own: resume and resume_from apply to the first fit only, and save_at_end to the block's
+        #: end (one checkpoint of a finished block, not one a fit); all the callback's again after the block.
+        self._settings = callback.resume, callback.resume_from, callback.save_at_end
 
     @classmethod
     def open(cls, callback: Any) -> "FitSpan":
@@ -88,7 +95,8 @@ class FitSpan:
             run.close(RunState.FAILED, f"Could not start: {error}")
             raise
         callback.owns_lifecycle = False  # its fits drive the open run
-        span._say(run.listening_words())
+        callback.save_at_end = False  # the block writes its end's checkpoint itself (`close`)
+        say(run.listening_words(), verbose=callback.verbose)
         return span
 
     def fit_begins(self) -> None:
@@ -123,7 +131,7 @@ class FitSpan:
         callback, drivers = self._callback, self._drivers
         run = callback.lifecycle
         callback.owns_lifecycle = True
-        callback.resume, callback.resume_from = self._settings
+        callback.resume, callback.resume_from, callback.save_at_end = self._settings
         session = callback.session
         if session is not None and not session.closed:  # a fit that raised: its watchdog has not ended it yet
             session.fit_lost()
@@ -140,12 +148,12 @@ class FitSpan:
             state, text = RunState.FAILED, "".join(traceback.format_exception(kind, error, tb))
             reason = "interrupt" if issubclass(kind, KeyboardInterrupt) else None
         try:
-            run.store.release()
+            if state is RunState.FINISHED and callback.save_at_end and drivers.count:
+                session.save_after_close()  # the last fit's session: the block's last position
         finally:
-            run.close(state, text, reason)
-        self._say(f"Run {run.name!r} {state}.")
+            try:
+                run.store.release()
+            finally:
+                run.close(state, text, reason)
+        say(f"Run {run.name!r} {state}.", verbose=callback.verbose)
         return swallowed
-
-    def _say(self, message: str) -> None:
-        if self._callback.verbose:
-            print(f"[traincontrol] {message}", flush=True)

@@ -23,6 +23,7 @@ from ..boundary.saves import SaveScheduler
 from ..boundary.steering import Steering
 from ..checkpoint import Checkpoint, SkippedCheckpoint, TrainingPosition
 from ..protocol import Command, RunState, end_reason
+from ..run.voice import say
 from ..state import random_state
 from ..system.sigint import SigintGuard, graceful_stop
 from ..system.signals import on_main_thread
@@ -266,6 +267,5 @@ class LoopSession:
         return self.actions.ended_by if self.actions is not None else None
 
     def say(self, message: str, stream=None) -> None:
-        if self.settings.verbose:
-            print(f"[traincontrol] {message}", file=stream or sys.stdout, flush=True)
+        say(message, verbose=self.settings.verbose, stream=stream)
 

@@ -8,6 +8,7 @@
 - `record`: the run's record, built from the parts.
 - `publisher`: writing the record, and the run's ticks (on the channel's thread).
 - `drivers`: `RunDrivers`, the trainings (fits, loops) of a run that spans several.
+- `voice`: `say`, the one line a run prints for its user.
 """
 
 from .drivers import RunDrivers
