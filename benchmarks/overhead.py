@@ -55,6 +55,8 @@ Usage::
     python benchmarks/overhead.py                     # each backend: 15 rounds of 5 epochs x 200 batches
     python benchmarks/overhead.py --backend jax       # one backend
     python benchmarks/overhead.py --quick             # 2 rounds of 1 x 50 batches (a smoke run)
+    python benchmarks/overhead.py --short-fits        # what a run costs a 2-batch fit (reused, new, in a with
+                                                      # block), then loops of 25 fits with the defaults
 """
 
 from __future__ import annotations
