@@ -56,7 +56,8 @@ Usage::
     python benchmarks/overhead.py --backend jax       # one backend
     python benchmarks/overhead.py --quick             # 2 rounds of 1 x 50 batches (a smoke run)
     python benchmarks/overhead.py --short-fits        # what a run costs a 2-batch fit (reused, new, in a with
-                                                      # block), then loops of 25 fits with the defaults
+                                                      # block), then loops of 25 fits with the defaults,
+                                                      # then 600 fits with a new unnamed callback each
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ _common.prepare_environment()
 GOAL_RATIO = 1.02
 SHORT_FIT_GOAL_MS = 1.0  # opening and closing the run, a fit, with a reused callback
 LOOP_FITS = 25  # fits in each loop of `default_loops`
+UNNAMED_FITS = 600  # fits of `unnamed_growth`: each a new run
 FEATURES, BATCH_SIZE = 32, 32
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -260,6 +262,22 @@ def default_loops(model, x, y, scratch: Path, fits: int, rounds: int) -> dict[st
             for kind in ("each", "block")} | {f"{kind}_checkpoints": written[kind] for kind in ("each", "block")}
 
 
+def unnamed_growth(model, x, y, scratch: Path, fits: int) -> tuple[float, float]:
+    """`fits` 2-batch fits, each with a new `ControlCallback` given no name
+    (each a new run, ``run-N``, whose record stays while the process
+    lives): the median seconds a fit of the first tenth and of the last."""
+    from jupyter_traincontrol import ControlCallback
+
+    times = []
+    for index in range(fits):
+        control = ControlCallback(save_at_end=False, checkpoint_dir=scratch / "ck-unnamed" / str(index), verbose=False)
+        begin = time.perf_counter()
+        model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0, callbacks=[control])
+        times.append(time.perf_counter() - begin)
+    tenth = max(1, fits // 10)
+    return _common.median(times[:tenth]), _common.median(times[-tenth:])
+
+
 def thread_cpu_seconds(native_id: int) -> float:
     """CPU time a thread of this process has used (Linux schedstat, ns precision)."""
     with open(f"/proc/self/task/{native_id}/schedstat") as handle:
@@ -355,6 +373,8 @@ def measure_short_fits(args) -> int:
                                                                   verbose=False)], reused, spanning, rounds)
         fits = 4 if args.quick else LOOP_FITS
         loops = default_loops(model, x, y, scratch, fits, 1 if args.quick else 5)
+        unnamed = 20 if args.quick else UNNAMED_FITS
+        first, last = unnamed_growth(model, x, y, scratch, unnamed)
     print(f"short fits on {keras.backend.backend()}: {rounds} rounds of 2-batch fits (plain {short['plain'] * 1e3:.1f} ms), "
           f"alternating plain, a reused ControlCallback, a new one each fit and one in a with block; medians of the "
           f"paired differences to plain: {short_fit_words(short)}")
@@ -362,7 +382,11 @@ def measure_short_fits(args) -> int:
                   f"with a run each fit (each writes its end checkpoint; {loops['each_checkpoints']} kept), {loops['block'] * 1e3:.2f} ms in a with "
                   f"block ({loops['block_checkpoints']} checkpoint, as the block ends): {loops['block'] / loops['each']:.3f}x")
     print(f"{loop_words} (medians of alternating rounds)")
-    _common.print_summary(f"overhead: short fits on {keras.backend.backend()}: {short_fit_words(short)}; {loop_words}")
+    growth_words = (f"{unnamed} fits with a new unnamed ControlCallback each: {first * 1e3:.2f} ms a fit in the first "
+                    f"tenth, {last * 1e3:.2f} ms in the last: {last / first:.2f}x")
+    print(growth_words)
+    _common.print_summary(f"overhead: short fits on {keras.backend.backend()}: {short_fit_words(short)}; {loop_words}; "
+                          f"{growth_words}")
     return 0
 
 

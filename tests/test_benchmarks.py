@@ -38,11 +38,13 @@ def test_overhead_measures_each_backend_in_its_own_process(tmp_path):
 
 def test_overhead_short_fits_measures_a_loop_of_fits_with_the_defaults(tmp_path):
     """``overhead.py --short-fits``: the 2-batch fits, then a loop of fits
-    with ``save_at_end`` on, a run each fit beside a with block."""
+    with ``save_at_end`` on, a run each fit beside a with block, then fits
+    with a new unnamed callback each."""
     result = quick_run("overhead", tmp_path, "--short-fits", "--backend", "jax")
     summary = result.stdout.strip().splitlines()[-1]
     assert summary.startswith("SUMMARY overhead: short fits on jax: ") and " ms in a with block " in summary
     assert "(each writes its end checkpoint; 3 kept)" in summary and "(1 checkpoint, as the block ends)" in summary
+    assert "; 20 fits with a new unnamed ControlCallback each: " in summary
 
 
 def quick_run(script: str, tmp_path, *options: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -279,6 +279,39 @@ def test_a_live_process_s_ended_run_is_listed_live_and_the_history_has_each_inst
     assert "live" not in read_tombstone("twice")
 
 
+def test_a_process_keeps_its_newest_ended_runs_and_a_claim_moves_older_ones_to_the_history(tmp_path, monkeypatch):
+    from jupyter_traincontrol.registry import folder as registry_folder
+    from jupyter_traincontrol.run import RunLifecycle
+
+    monkeypatch.setattr(registry_folder, "ENDED_RUNS_KEPT", 3)
+    active = RunLifecycle("active", tmp_path / "active").open()  # never ended: never let go
+    reused = RunLifecycle("reused", tmp_path / "reused").open()
+    reused.close("finished")  # the oldest ended run, until its next open takes its folder again
+    ended = []
+    for number in range(5):
+        run = RunLifecycle(None, tmp_path / f"ck{number}").open()
+        run.close("finished")
+        ended.append(run)
+        if number == 2:
+            reused.open()
+    runs = [active, reused, *ended]
+    try:
+        runs.append(RunLifecycle(None, tmp_path / "last").open())  # a claim: 5 ended runs, 3 kept
+        live = {record["name"]: record["state"] for record in list_runs()}
+        assert live == {"active": "starting", "reused": "starting", "run-3": "finished", "run-4": "finished",
+                        "run-5": "finished", "run-1": "starting"}  # run-1: the name the fifth claim let go
+        history = [record["run_id"] for record in list_runs(ended=True) if not record["live"]]
+        assert history == [ended[0].run_id, ended[1].run_id]  # their last records, in the history
+        with pytest.raises(RunNotFoundError, match="The last run named 'run-2' has ended \\(state finished"):
+            find_run("run-2")
+        runs.append(RunLifecycle(None, tmp_path / "again").open())
+        assert runs[-1].name == "run-2"  # a name let go is free again
+    finally:
+        for run in runs:
+            run.close("finished")
+            run.forget()
+
+
 def test_the_history_keeps_the_last_fifty_runs_of_the_last_seven_days(runtime_dir):
     from jupyter_traincontrol.registry.tombstones import HISTORY_RUNS, HISTORY_SECONDS
 

@@ -4,7 +4,11 @@ A run folder appears whole, by renaming a prepared one (with its lock link
 and first record) into place, or not at all. A record stays, with its final
 state, while its process lives; `release` removes the folder (keeping its
 last record in the history of ended runs, `tombstones`), and every folder
-this process claimed is released when it exits (`release_all`).
+this process claimed is released when it exits (`release_all`). A process
+keeps its newest `ENDED_RUNS_KEPT` ended runs in a registry: a claim
+releases older ones into the history, so a loop that makes a new run each
+`fit` does not grow the registry, or the cost of the next claim, without
+bound.
 """
 
 from __future__ import annotations
@@ -29,8 +33,12 @@ from .liveness import LOCK_NAME, folder_is_live, move_away, remove_if_dead, swee
 from .paths import CLAIM_PREFIX, RECORD_NAME, NameTakenError, registry_root, validate_name
 from .tombstones import keep_tombstone
 
-__all__ = ["RunFolder", "release_all"]
+__all__ = ["ENDED_RUNS_KEPT", "RunFolder", "release_all"]
 
+#: How many of its ended runs a process keeps in a registry; a claim moves
+#: older ones to the history (`tombstones`, which `list --all` and the side
+#: panel show).
+ENDED_RUNS_KEPT = 20
 _CLAIM_ATTEMPTS = 5
 #: Empty files kept ready for the training thread's record writes: the one
 #: that ends the run, and the first of the next run of this folder.
@@ -55,6 +63,7 @@ class RunFolder:
         self.path = path
         self.run_id = run_id
         self._released = False
+        self._sealed_at = 0.0  # when its run last ended (`seal`): the oldest ended runs are let go first
         self._write_lock = threading.RLock()  # re-entrant: defensive, a signal handler may land mid-write
         self.dir_fd = -1  # the folder, opened once: writes go through it, not through its path
         self._written: tuple[int, int, int] | None = None  # the identity of the record this run wrote last
@@ -110,6 +119,7 @@ class RunFolder:
             raise NameTakenError(f"Could not claim the name {name!r}: other processes keep taking it.")
         run_folder.dir_fd = open_dir(folder)
         _claimed_in_this_process.add(run_folder)
+        _release_old_ended_runs(root)
         return run_folder
 
     @classmethod
@@ -225,6 +235,7 @@ class RunFolder:
             if self.dir_fd >= 0:
                 os.close(self.dir_fd)
                 self.dir_fd = -1
+                self._sealed_at = time.monotonic()
 
     def _wrote_what_is_there(self) -> bool:
         """True if the record on disk is the very file this run wrote last
@@ -246,17 +257,27 @@ class RunFolder:
     def release(self) -> None:
         """Removes the run's folder if it is still this run's, keeping its
         last record in the history (see `tombstones`). Idempotent."""
+        self._release(only_ended=False)
+
+    def _release(self, *, only_ended: bool) -> bool:
+        with self._write_lock:
+            if self._released or only_ended and self.dir_fd >= 0:  # gone already, or (re)opened by its run
+                return False
+            self._released = True  # from here `reopen` refuses it
         _claimed_in_this_process.discard(self)
         self.seal()
         self.free_replaced()
         with self._write_lock:
-            if self._released:
-                return
-            self._released = True
             record = self._own_record()
             if record is not None:
                 keep_tombstone(self.path, record)
                 move_away(self.path)
+        return True
+
+    @property
+    def ended(self) -> bool:
+        """True while the folder is claimed and its run has ended (sealed, not reopened)."""
+        return not self._released and self.dir_fd < 0
 
 
 
@@ -287,6 +308,17 @@ def _free_name(folder: Path, name: str) -> None:
 
 
 _claimed_in_this_process: set[RunFolder] = set()
+
+
+def _release_old_ended_runs(root: Path) -> None:
+    """Releases this process's ended runs in `root` beyond the newest
+    `ENDED_RUNS_KEPT` (their records go to the history)."""
+    ended = [folder for folder in list(_claimed_in_this_process) if folder.ended and folder.path.parent == root]
+    if len(ended) <= ENDED_RUNS_KEPT:
+        return
+    ended.sort(key=lambda folder: folder._sealed_at)
+    for folder in ended[:len(ended) - ENDED_RUNS_KEPT]:
+        folder._release(only_ended=True)  # not if its run reopened it meanwhile
 
 
 @atexit.register

@@ -121,8 +121,17 @@ def find_run(name: str, root: Path | None = None) -> dict[str, Any]:
 
 
 def unique_name(prefix: str = "run", root: Path | None = None) -> str:
-    """Returns ``PREFIX-N`` with the smallest N not used by a listed run."""
-    taken = {record.get("name") for record in list_runs(root)}
+    """Returns ``PREFIX-N`` with the smallest N that no folder in the
+    registry has (after a sweep of dead runs' folders): the folders' names
+    only, not their records, which a claim would otherwise read and check
+    one by one."""
+    root = Path(root) if root else registry_root()
+    try:
+        check_private(root, os.lstat(root), kind="dir")
+        sweep_dead_runs(root)
+        taken = set(os.listdir(root))
+    except FileNotFoundError:
+        taken = set()
     number = 1
     while f"{prefix}-{number}" in taken:
         number += 1
