@@ -243,16 +243,16 @@ def default_loops(model, x, y, scratch: Path, fits: int, rounds: int) -> dict[st
 
     def loop(kind: str):
         def run():
-            folder = scratch / f"ck-loop-{kind}-{len(written)}"
+            folder = scratch / f"ck-loop-{kind}"
             control = ControlCallback(name=f"bench-loop-{kind}", checkpoint_dir=folder, verbose=False)
+            callbacks = [] if kind == "plain" else [control]
             begin = time.perf_counter()
             with control if kind == "block" else contextlib.nullcontext():
                 for _ in range(fits):
-                    model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0,
-                              callbacks=[control] if kind != "plain" else [])
+                    model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0, callbacks=callbacks)
             spent = time.perf_counter() - begin
             written[kind] = len(control.checkpoints)
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)  # the next round's loop starts from an empty folder
             return spent / fits
 
         return run

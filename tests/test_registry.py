@@ -296,7 +296,7 @@ def test_a_process_keeps_its_newest_ended_runs_and_a_claim_moves_older_ones_to_t
             reused.open()
     runs = [active, reused, *ended]
     try:
-        runs.append(RunLifecycle(None, tmp_path / "last").open())  # a claim: 5 ended runs, 3 kept
+        runs.append(RunLifecycle(None, tmp_path / "last").open())  # a claim: 4 ended left, 3 kept
         live = {record["name"]: record["state"] for record in list_runs()}
         assert live == {"active": "starting", "reused": "starting", "run-3": "finished", "run-4": "finished",
                         "run-5": "finished", "run-1": "starting"}  # run-1: the name the fifth claim let go

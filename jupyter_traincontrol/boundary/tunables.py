@@ -338,8 +338,8 @@ def _number(value: Any) -> float:
     ``value()``), and `convert_to_numpy` converts to a tensor first."""
     if isinstance(value, (int, float)):
         return float(value)
-    variable = value if callable(getattr(value, "value", None)) else getattr(value, "value", None)
-    read = getattr(variable, "value", None)
+    inner = getattr(value, "value", None)  # Keras 2's tf.Variable: its read; a Keras 3 variable: the backend's
+    read = inner if callable(inner) else getattr(inner, "value", None)
     if callable(read):
         value = read()
     numpy = getattr(value, "numpy", None)

@@ -97,6 +97,11 @@ class RunFolder:
         validate_name(name)
         root = ensure_private_dir(Path(root) if root else registry_root())
         sweep_dead_runs(root)  # so `echo stop > FIFO` never waits on a dead run's FIFO
+        return cls._claim_swept(name, root, run_id)
+
+    @classmethod
+    def _claim_swept(cls, name: str, root: Path, run_id: str | None) -> "RunFolder":
+        """`claim` in a private registry folder just swept of dead runs."""
         folder = root / name
         run_folder = cls(name, folder, run_id or uuid.uuid4().hex)
         lock = ProcessLock.path_for(root)
@@ -132,9 +137,10 @@ class RunFolder:
         """
         if name is not None:
             return cls.claim(name, root, run_id=run_id)
+        root = ensure_private_dir(Path(root) if root else registry_root())
         for _attempt in range(20):
-            try:
-                return cls.claim(unique_name("run", root), root, run_id=run_id)
+            try:  # unique_name sweeps the registry first: one sweep a claim, not two
+                return cls._claim_swept(unique_name("run", root), root, run_id)
             except NameTakenError:
                 continue  # another process took it between listing and claiming
         raise NameTakenError("Could not find a free run name; pass name= explicitly.")
