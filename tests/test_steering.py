@@ -6,6 +6,8 @@ import json
 import math
 import os
 import re
+import threading
+import time
 from pathlib import Path
 
 import keras
@@ -154,6 +156,76 @@ def test_set_changes_user_tunables_and_optimizer_attributes(tiny_data, ckpt):
     assert history.history["scale"] == [1.0, 0.0, 0.0]
     assert history.history["momentum"] == [0.9, 0.5, 0.5]  # filled in for the epoch before the change
     assert find_run("tuner")["tunables"]["scale"] == 0.0
+
+
+class ThreadProbe:
+    """A user tunable that notes which thread reads it, and can hold a read
+    of the run's thread (`hold`: the value is taken, then the read waits)."""
+
+    def __init__(self, value: float):
+        self.variable = keras.Variable(value, trainable=False)
+        self.readers: list[threading.Thread] = []
+        self.hold: threading.Event | None = None
+        self.held_read_done = threading.Event()
+
+    def assign(self, value):
+        self.variable.assign(value)
+
+    def numpy(self):
+        value = self.variable.numpy()
+        thread = threading.current_thread()
+        self.readers.append(thread)
+        if self.hold is not None and thread is not threading.main_thread():
+            hold, self.hold = self.hold, None
+            hold.wait(10)
+            self.held_read_done.set()
+        return value
+
+
+def test_a_fit_reads_its_starting_values_on_the_runs_thread_where_the_backend_allows(make_model, tiny_data, ckpt):
+    probe = ThreadProbe(1.0)
+    control = ControlCallback(name="reads", checkpoint_dir=ckpt, tunables={"probe": probe}, verbose=False,
+                              save_at_end=False)
+    seen = {}
+    # The first batch waits a little: time for the run's thread, then the values shown while the fit runs.
+    wait = At(0, 1, lambda cb: (time.sleep(0.3), seen.update(control.session.progress.tunables)),
+              hook="on_train_batch_begin")
+    fit(make_model(), tiny_data, control, wait, epochs=1)
+    main = threading.main_thread()
+    if keras.backend.backend() == "jax":  # its step donates buffers: read between two steps only
+        assert probe.readers == [main, main]  # at the start and at the epoch's end
+    else:
+        assert probe.readers[0] is not main and probe.readers[1:] == [main]  # only the epoch's end holds training
+    assert seen["probe"] == 1.0 and seen["learning_rate"] == pytest.approx(0.01)
+    assert find_run("reads")["tunables"]["probe"] == 1.0
+
+
+def test_a_fit_that_ends_before_the_runs_thread_reads_still_records_the_values(make_model, tiny_data, ckpt):
+    probe = ThreadProbe(1.0)
+    control = ControlCallback(name="early", checkpoint_dir=ckpt, tunables={"probe": probe}, verbose=False,
+                              save_at_end=False)
+    fit(make_model(), tiny_data, control, epochs=0)  # begins and ends, no epoch (no epoch-end read)
+    assert find_run("early")["tunables"]["probe"] == 1.0
+
+
+def test_a_read_of_the_runs_thread_never_hides_a_change_set_made_meanwhile(make_model, tiny_data, ckpt):
+    if keras.backend.backend() == "jax":
+        pytest.skip("JAX reads on the training thread only")
+    probe = ThreadProbe(1.0)
+    probe.hold = release = threading.Event()  # the run's thread takes 1.0, then waits
+    control = ControlCallback(name="race", checkpoint_dir=ckpt, tunables={"probe": probe}, verbose=False,
+                              save_at_end=False)
+    seen = {}
+
+    def after_the_set(cb):  # the set (at batch 0's end) is applied and published: the stale read may go on
+        release.set()
+        assert probe.held_read_done.wait(10)
+        seen.update(control.session.progress.tunables)
+
+    fit(make_model(), tiny_data, control, inject(control, "set probe=2", 0, 0),
+        At(0, 2, after_the_set, hook="on_train_batch_begin"), epochs=1)
+    assert seen["probe"] == 2.0  # not the 1.0 the run's thread read before the change
+    assert find_run("race")["tunables"]["probe"] == 2.0
 
 
 def test_momentum_cannot_be_given_to_an_optimizer_built_without_it(tiny_data, ckpt, make_model):

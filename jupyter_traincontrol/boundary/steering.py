@@ -32,6 +32,7 @@ optimizer as the user built it, and the values steered so far.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any, Callable
 
@@ -77,15 +78,28 @@ class Steering:
         self._say = say
         self._first_old: dict[str, float | None] = {}  # a key's value before its first change
         self._epochs_logged = 0
+        self._values_lock = threading.Lock()  # the values published, by the training thread or the run's
+        self._values_read = 0  # how many times values were published
         #: Waits until checkpoints being written in the background are listed
         #: (set by the front end to its saves'): a rollback chooses among all of them.
         self.wait_for_saves: Callable[[], None] = lambda: None
 
     # Start -------------------------------------------------------------------
 
-    def begin(self, resumed: Checkpoint | None = None) -> None:
+    def begin(self, resumed: Checkpoint | None = None,
+              read_on: Callable[[Callable[[], None]], None] | None = None) -> None:
         """At train begin: applies again what the resumed checkpoint's
-        sidecar says was steered, and publishes the current values."""
+        sidecar says was steered, and publishes the current values.
+
+        Args:
+            resumed: The checkpoint the training resumed from, or None.
+            read_on: Where values that may be read on any thread
+                (`Tunables.read_anywhere`) are read and published: a
+                function that has another thread call what it is given
+                (the run's, `Publisher.run_soon`). Without it, they are
+                read now (a TensorFlow variable's read holds the training
+                thread 0.1-0.2 ms at a `fit`'s start).
+        """
         steered = dict((resumed.info.get("tunables") or {}) if resumed is not None else {})
         if steered:
             known = set(self.tunables.names())
@@ -99,7 +113,10 @@ class Steering:
                 self._warn(f"Resume: the steered values of {resumed.path.name} were not set again: {error}")
             else:
                 self._record(changes, f"resume from {resumed.path.name}")
-        self._publish_values()
+        if read_on is None:
+            self._publish_values()
+        else:
+            read_on(self._publish_values_unless_newer)
 
     # set -----------------------------------------------------------------------
 
@@ -261,8 +278,29 @@ class Steering:
         self.journal.add_change(change)
 
     def _publish_values(self, values: dict | None = None) -> None:
-        self.progress.tunables = self.tunables.read() if values is None else values
-        self.progress.version += 1
+        values = self.tunables.read() if values is None else values
+        with self._values_lock:
+            self._values_read += 1
+            self.progress.tunables = values
+            self.progress.version += 1
+
+    def publish_unread(self) -> None:
+        """As training ends: reads and publishes the values if nothing has
+        yet (the run's thread had not read them for `begin`)."""
+        if not self._values_read:
+            self._publish_values()
+
+    def _publish_values_unless_newer(self) -> None:
+        """`_publish_values` on another thread: dropped if the training thread
+        published values meanwhile (a ``set`` whose change this read may
+        have missed)."""
+        before = self._values_read
+        values = self.tunables.read()
+        with self._values_lock:
+            if self._values_read == before:
+                self._values_read += 1
+                self.progress.tunables = values
+                self.progress.version += 1
 
     def _warn(self, message: str) -> None:
         self.journal.log("warning", message)

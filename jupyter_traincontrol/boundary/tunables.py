@@ -151,6 +151,18 @@ class Tunables:
             names = ["learning_rate"]  # a custom loop's step reads the variable; the rest are its constants
         return names + sorted(self.user)
 
+    @property
+    def read_anywhere(self) -> bool:
+        """True where the values may be read on any thread while the training
+        thread trains: TensorFlow's and torch's variables (Keras 2's too).
+        False on JAX, whose step donates the buffers it replaces: there a
+        read belongs between two steps, on the training thread."""
+        if type(self.optimizer).__module__.startswith("tf_keras."):
+            return True
+        import keras
+
+        return keras.backend.backend() != "jax"
+
     def _lr_is_variable(self) -> bool:
         return _is_variable(getattr(self.optimizer, "_learning_rate", None))
 

@@ -84,8 +84,7 @@ class FitSession:
         self.run: RunLifecycle = callback.lifecycle
         self.job: Job | None = callback.job
         self.progress = TrainingProgress()
-        self.progress.epochs = params.get("epochs")
-        self.progress.steps = params.get("steps")
+        self.progress.epochs, self.progress.steps = params.get("epochs"), params.get("steps")
         self.keras2 = is_keras2_model(model)  # a tf_keras model: saved on this thread, resumed without the data order
         self.trained = Keras2State(model) if self.keras2 else KerasState(model)
         self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack
@@ -155,8 +154,7 @@ class FitSession:
         run, callback, stack, model, progress = self.run, self.callback, self._stack, self.model, self.progress
         job = self.job
         store = job.store(run.store, model) if job is not None else run.store
-        # A job's processes save in step (process 0 writes, the others take part in
-        # the collectives of the serialization and wait): on the training thread.
+        # A job saves on the training thread, its processes in step (process 0 writes, the others join in).
         tunables = Tunables(model, callback.tunables, rebuild=lambda: rebuild_train_function(model))
         self.steering = steering = Steering(self.trained, tunables, run, progress, self.say,
                                             history=lambda: getattr(model, "history", None))
@@ -183,7 +181,9 @@ class FitSession:
         stack.callback(self.actions.detach)  # the saves end while the folder is still held
         if callback.resume or callback.resume_from is not None:
             self._resume(store)
-        steering.begin(self.resumption.checkpoint if self.resumption is not None else None)
+        read_on = run.publisher.run_soon if tunables.read_anywhere else None  # off the training thread
+        steering.begin(getattr(self.resumption, "checkpoint", None), read_on)
+        stack.callback(steering.publish_unread)  # in the last record, even if the run's thread had not read them
         if callback.handle_sigint:
             stop = graceful_stop(self.note_interrupt, lambda: self.run.send(Command.STOP, sender="sigint"), "batch")
             guard = SigintGuard(stop, self._on_second_sigint)
