@@ -417,6 +417,35 @@ def test_a_failing_fit_leaves_no_handler_no_signal_and_the_next_fit_is_fresh(mak
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["on the training thread", "in the background"])
+def test_a_save_of_a_model_keras_cannot_serialize_is_answered_failed_and_fit_goes_on(tiny_data, tmp_path, background):
+    import keras
+
+    class Unserializable(keras.layers.Layer):
+        def call(self, inputs):
+            return inputs
+
+        def get_config(self):
+            raise RuntimeError("this layer cannot be serialized")
+
+    model = keras.Sequential([keras.Input((3,)), Unserializable(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    control = ControlCallback(name="odd", checkpoint_dir=tmp_path / "ck", verbose=False,
+                              save_in_background=background)
+    x, y = tiny_data
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
+                        callbacks=[control, At(0, 1, lambda cb: control.send("save #s"), hook="on_train_batch_begin")])
+    assert len(history.history["loss"]) == 2 and control.state == "finished" and control.checkpoints == []
+    record = find_run("odd")
+    (answer,) = [a for a in record["acks"] if "s" in a["ids"]]
+    assert answer["outcome"] == "failed" and "this layer cannot be serialized" in answer["message"]
+    end = [e["message"] for e in record["events"] if e["kind"] == "error"][-1]  # the end checkpoint's, said too
+    assert end == (f"Could not write a checkpoint in {tmp_path / 'ck'}: RuntimeError: this layer cannot be serialized; "
+                   "there is no earlier checkpoint.")
+    assert [name for name in os.listdir(tmp_path / "ck") if not name.startswith(".")] == []  # nothing half-written
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("traincontrol-")]
+
+
 def test_ending_a_lost_run_waits_for_an_end_another_thread_began(make_model, tiny_data, tmp_path):
     """A job ends its run from its own thread when a peer is lost, and at exit,
     while the watchdog of a `fit` that raised may be ending it already: the

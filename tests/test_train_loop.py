@@ -254,6 +254,25 @@ def test_an_exception_in_the_body_fails_the_run_with_its_traceback_and_closes_ev
     assert record["state"] == "failed" and "ZeroDivisionError" in record["error"] and "Traceback" in record["error"]
 
 
+def test_a_loop_whose_save_fails_is_answered_failed_goes_on_and_ends_with_nothing_left(ckpt):
+    def save(path):
+        raise RuntimeError("this state cannot be saved")
+
+    with TrainLoop(name="unsaved", checkpoint_dir=ckpt, save=save, load=lambda path: None, verbose=False) as loop:
+        for epoch in loop.epochs(2):
+            for index in loop.batches(range(4)):
+                if (epoch, index) == (0, 1):
+                    request = loop.send("save")
+    assert (loop.epoch, loop.step) == (1, 4) and loop.state == "finished" and loop.checkpoints == []
+    record = find_run("unsaved")
+    answer = next(a for a in record["acks"] if request.request_id in a["ids"])
+    assert answer["outcome"] == "failed" and "RuntimeError: this state cannot be saved" in answer["message"]
+    failures = [e["message"] for e in record["events"] if e["kind"] == "error"]
+    assert len(failures) == 2 and all("this state cannot be saved" in m for m in failures)  # the save, the end's
+    assert record["state"] == "finished" and record["fifo"] is None
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("traincontrol-")]
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # Python's report of the swallowed one
 def test_a_second_ctrl_c_swallowed_by_a_gc_callback_still_interrupts_the_loop(ckpt, ctrl_c):
     """As for `fit`: the second Ctrl+C's KeyboardInterrupt, lost inside a

@@ -194,18 +194,27 @@ class SaveScheduler:
         return outcome
 
     def write_at_end(self) -> None:
-        """The checkpoint of a `fit` that ran to its end (reason ``end``), on
-        disk when this returns. A failure is said, never raised: the training
-        is done all the same (a model Keras cannot serialize)."""
+        """The checkpoint of a `fit` that ran to its end (see `write_end`),
+        at its position after its last epoch's end."""
         progress = self._progress
         progress.mid_epoch = progress.in_validation = False  # after the last epoch's end, as a stop there
         if progress.steps is not None and progress.step < progress.steps:
             progress.stopped_mid_epoch = True  # a callback of the user's ended the epoch early
+        self.write_end("fit")
+
+    def write_end(self, what: str) -> None:
+        """The last checkpoint (reason ``end``) of a training that ran to its
+        end, on disk when this returns. A failure is said, never raised: the
+        training is done all the same (a model Keras cannot serialize).
+
+        Args:
+            what: What ran to its end, for the message: ``fit``, ``loop``.
+        """
         try:
             self.trained.sync()
             self.write_now("end")
         except Exception as error:
-            message = f"Could not write the checkpoint at the end of fit: {error}"
+            message = f"Could not write the checkpoint at the end of the {what}: {error}"
             self.run.journal.log("error", message)
             self._say(message, stream=sys.stderr)
 

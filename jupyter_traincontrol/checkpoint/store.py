@@ -264,12 +264,11 @@ class CheckpointStore:
             committer.write(source, info)
         except CheckpointDirError:
             raise
-        except OSError as error:
+        except Exception as error:  # the disk, or the source's own save (a model Keras cannot serialize)
             newest = self.latest()
             kept = f"the previous checkpoint {newest.path.name} is kept" if newest else "there is no earlier checkpoint"
-            raise CheckpointError(
-                f"Could not write a checkpoint in {self.directory}: {error.strerror or error}; {kept}."
-            ) from error
+            why = (error.strerror or error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}"
+            raise CheckpointError(f"Could not write a checkpoint in {self.directory}: {why}; {kept}.") from error
         checkpoint = Checkpoint(path=self.directory / info["file"], info=info)
         self._known = [*previous, checkpoint]
         try:

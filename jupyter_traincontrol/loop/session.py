@@ -235,9 +235,9 @@ class LoopSession:
             self.actions.interrupted = True
 
     def write_end_checkpoint(self) -> None:
-        """The loop ran all its epochs: a last checkpoint (reason ``end``)."""
-        self.trained.sync()
-        self.actions.saves.write_now("end")
+        """The loop ran all its epochs: a last checkpoint (reason ``end``;
+        a failure is said, not raised)."""
+        self.actions.saves.write_end("loop")
 
     def end_reason(self, state) -> str | None:
         """How the loop ended in final `state` (`protocol.END_REASONS`)."""

@@ -134,8 +134,12 @@ class TrainLoop:
             session.close(RunState.FAILED, text)
         else:
             ended_by = session.ended_by
-            if ended_by is None and self._epochs_done and self.save_at_end:
-                session.write_end_checkpoint()
+            try:
+                if ended_by is None and self._epochs_done and self.save_at_end:
+                    session.write_end_checkpoint()
+            except BaseException as interrupted:  # a Ctrl+C in the last save: the run ends all the same
+                session.close(RunState.FAILED, f"{type(interrupted).__name__} in the checkpoint at the loop's end.")
+                raise
             session.close(final_state(ended_by))
         if self._host is not None:
             self._host.driver_ended(self)
