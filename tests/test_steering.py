@@ -192,7 +192,7 @@ def test_a_fit_reads_its_starting_values_on_the_runs_thread_where_the_backend_al
               hook="on_train_batch_begin")
     fit(make_model(), tiny_data, control, wait, epochs=1)
     main = threading.main_thread()
-    if keras.backend.backend() == "jax":  # its step donates buffers: read between two steps only
+    if keras.backend.backend() == "jax":  # its trainer empties the variables between boundaries
         assert probe.readers == [main, main]  # at the start and at the epoch's end
     else:
         assert probe.readers[0] is not main and probe.readers[1:] == [main]  # only the epoch's end holds training

@@ -155,8 +155,9 @@ class Tunables:
     def read_anywhere(self) -> bool:
         """True where the values may be read on any thread while the training
         thread trains: TensorFlow's and torch's variables (Keras 2's too).
-        False on JAX, whose step donates the buffers it replaces: there a
-        read belongs between two steps, on the training thread."""
+        False on JAX: its trainer empties the model's variables while an
+        epoch runs and fills them at boundaries, so a read belongs between
+        two steps, on the training thread."""
         if type(self.optimizer).__module__.startswith("tf_keras."):
             return True
         import keras
