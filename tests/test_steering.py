@@ -7,7 +7,6 @@ import math
 import os
 import re
 import threading
-import time
 from pathlib import Path
 
 import keras
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 from driving import fit
-from helpers import At, EventLog, assert_finite_weights, read_sidecar
+from helpers import At, EventLog, assert_finite_weights, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.protocol import UnknownCommandError, parse_request
 from jupyter_traincontrol.registry import find_run
@@ -187,10 +186,11 @@ def test_a_fit_reads_its_starting_values_on_the_runs_thread_where_the_backend_al
     control = ControlCallback(name="reads", checkpoint_dir=ckpt, tunables={"probe": probe}, verbose=False,
                               save_at_end=False)
     seen = {}
-    # The first batch waits a little: time for the run's thread, then the values shown while the fit runs.
-    wait = At(0, 1, lambda cb: (time.sleep(0.3), seen.update(control.session.progress.tunables)),
-              hook="on_train_batch_begin")
-    fit(make_model(), tiny_data, control, wait, epochs=1)
+
+    def shown(cb):  # the values the run shows while the fit runs (on TF and torch, once its thread read them)
+        seen.update(wait_until(lambda: dict(control.session.progress.tunables), message="the values published"))
+
+    fit(make_model(), tiny_data, control, At(0, 1, shown, hook="on_train_batch_begin"), epochs=1)
     main = threading.main_thread()
     if keras.backend.backend() == "jax":  # its trainer empties the variables between boundaries
         assert probe.readers == [main, main]  # at the start and at the epoch's end

@@ -79,7 +79,7 @@ class Steering:
         self._first_old: dict[str, float | None] = {}  # a key's value before its first change
         self._epochs_logged = 0
         self._values_lock = threading.Lock()  # the values published, by the training thread or the run's
-        self._values_read = 0  # how many times values were published
+        self._values_published = 0  # how many times they were
         #: Waits until checkpoints being written in the background are listed
         #: (set by the front end to its saves'): a rollback chooses among all of them.
         self.wait_for_saves: Callable[[], None] = lambda: None
@@ -280,25 +280,25 @@ class Steering:
     def _publish_values(self, values: dict | None = None) -> None:
         values = self.tunables.read() if values is None else values
         with self._values_lock:
-            self._values_read += 1
+            self._values_published += 1
             self.progress.tunables = values
             self.progress.version += 1
 
     def publish_unread(self) -> None:
         """As training ends: reads and publishes the values if nothing has
         yet (the run's thread had not read them for `begin`)."""
-        if not self._values_read:
+        if not self._values_published:
             self._publish_values()
 
     def _publish_values_unless_newer(self) -> None:
         """`_publish_values` on another thread: dropped if the training thread
         published values meanwhile (a ``set`` whose change this read may
         have missed)."""
-        before = self._values_read
+        before = self._values_published
         values = self.tunables.read()
         with self._values_lock:
-            if self._values_read == before:
-                self._values_read += 1
+            if self._values_published == before:
+                self._values_published += 1
                 self.progress.tunables = values
                 self.progress.version += 1
 
