@@ -278,11 +278,7 @@ class Steering:
         self.journal.add_change(change)
 
     def _publish_values(self, values: dict | None = None) -> None:
-        values = self.tunables.read() if values is None else values
-        with self._values_lock:
-            self._values_published += 1
-            self.progress.tunables = values
-            self.progress.version += 1
+        self._put_values(self.tunables.read() if values is None else values)
 
     def publish_unread(self) -> None:
         """As training ends: reads and publishes the values if nothing has
@@ -295,12 +291,17 @@ class Steering:
         published values meanwhile (a ``set`` whose change this read may
         have missed)."""
         before = self._values_published
-        values = self.tunables.read()
+        self._put_values(self.tunables.read(), unless_published_since=before)
+
+    def _put_values(self, values: dict, unless_published_since: int | None = None) -> None:
+        """Makes `values` the ones the run shows; with `unless_published_since`
+        (a count of `_values_published`), not if others were put since."""
         with self._values_lock:
-            if self._values_published == before:
-                self._values_published += 1
-                self.progress.tunables = values
-                self.progress.version += 1
+            if unless_published_since is not None and self._values_published != unless_published_since:
+                return
+            self._values_published += 1
+            self.progress.tunables = values
+            self.progress.version += 1
 
     def _warn(self, message: str) -> None:
         self.journal.log("warning", message)

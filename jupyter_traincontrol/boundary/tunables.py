@@ -158,7 +158,7 @@ class Tunables:
         False on JAX: its trainer empties the model's variables while an
         epoch runs and fills them at boundaries, so a read belongs between
         two steps, on the training thread."""
-        if type(self.optimizer).__module__.startswith("tf_keras."):
+        if _is_keras2(self.optimizer):
             return True
         import keras
 
@@ -303,7 +303,7 @@ class Tunables:
         # Not tracked by the optimizer (Keras's __setattr__ would track it):
         # its variables, and so its checkpoints, stay those of the optimizer
         # the user built (see `as_built`).
-        if type(optimizer).__module__.startswith("tf_keras."):  # Keras 2: its step reads a TensorFlow variable
+        if _is_keras2(optimizer):  # Keras 2: its step reads a TensorFlow variable
             import tensorflow as tf
 
             constant = tf.Variable(value, name="learning_rate", dtype=self._schedule_dtype(), trainable=False)
@@ -333,6 +333,11 @@ class Tunables:
             yield
         finally:
             object.__setattr__(optimizer, "_learning_rate", constant)
+
+
+def _is_keras2(optimizer) -> bool:
+    """True for a Keras 2 (``tf_keras``) optimizer."""
+    return type(optimizer).__module__.startswith("tf_keras.")
 
 
 def _is_variable(value: Any) -> bool:
