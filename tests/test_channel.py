@@ -88,7 +88,9 @@ def test_garbage_is_reported_and_later_commands_still_work(channel):
             time.sleep(0.01)
         os.close(fd)
     else:
-        (channel.folder / "inbox" / "1.cmd").write_bytes(b"hello\n\xff\n")
+        staged = channel.folder / "inbox" / "1.tmp"  # whole before the reader sees it, as writers do (a rename)
+        staged.write_bytes(b"hello\n\xff\n")
+        staged.rename(staged.with_suffix(".cmd"))
         deliver(channel.address, "save")
     assert drain(channel, 1) == [Command.SAVE]
     wait_until(lambda: len(channel.rejected) >= 2, message="rejections reported")

@@ -3,6 +3,7 @@ private where the tool chooses it, and watched while the run holds it."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -84,7 +85,8 @@ def test_a_save_of_a_second_store_fails_while_the_first_holds(tmp_path, make_mod
     with CheckpointStore(tmp_path / "ck", run="first"):
         with pytest.raises(CheckpointDirBusyError, match="in use by run 'first'"):
             CheckpointStore(tmp_path / "ck", run="second").save(make_model(), TrainingPosition(0, 1), reason="save")
-    assert os.listdir(tmp_path / "ck") == [LOCK_FILE]
+        assert os.listdir(tmp_path / "ck") == [LOCK_FILE]  # the refused save left nothing
+    assert not (tmp_path / "ck").exists()  # the first made it and left it empty: gone with its hold
 
 
 def test_a_folder_held_by_another_process_is_free_once_it_is_killed(tmp_path, holder):
@@ -122,6 +124,68 @@ def test_a_run_holds_its_folder_during_fit_and_lets_go_at_the_end(make_model, ti
     assert callback.state == "finished"
     with CheckpointStore(tmp_path / "ck", run="third"):  # free again
         pass
+
+
+# Ended runs leave no empty folders -----------------------------------------------
+
+
+def test_a_run_that_ends_without_a_checkpoint_removes_the_folder_it_made(make_model, tiny_data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    aborted = ControlCallback(name="aborted", verbose=False)
+    fit(make_model(), tiny_data, aborted, At(0, 1, lambda cb: aborted.send("abort")))
+    failing = ControlCallback(name="failing", verbose=False)
+
+    def fail(_):
+        raise RuntimeError("a callback failed")
+
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        fit(make_model(), tiny_data, failing, At(0, 1, fail))  # Keras then skips on_train_end: the watchdog ends it
+    stopped = ControlCallback(name="stopped", verbose=False)
+    fit(make_model(), tiny_data, stopped, At(0, 1, lambda cb: stopped.send("stop")))
+    assert (aborted.state, failing.state, stopped.state) == ("aborted", "failed", "stopped")
+    assert os.listdir(tmp_path / "checkpoints") == ["stopped"]  # the one with a checkpoint stays
+    given = tmp_path / "given"
+    given.mkdir()
+    fit(make_model(), tiny_data, ControlCallback(name="given", checkpoint_dir=given, save_at_end=False, verbose=False))
+    assert os.listdir(given) == [LOCK_FILE]  # a folder the user made stays, empty or not
+
+
+def test_a_folder_given_something_else_while_held_stays(tmp_path):
+    with CheckpointStore(tmp_path / "ck", run="mine"):
+        (tmp_path / "ck" / "notes.txt").write_text("mine")
+    assert sorted(os.listdir(tmp_path / "ck")) == [LOCK_FILE, "notes.txt"]
+
+
+@pytest.mark.parametrize("new_lock_first", [False, True])
+def test_a_taker_that_opened_the_lock_file_as_it_was_removed_takes_the_folder_anew(tmp_path, make_model, monkeypatch,
+                                                                                   new_lock_first):
+    """The second store opened the first's lock file; the first then lets go
+    of its empty folder (removing it) before the second locks: the second
+    must not hold a lock file that is no longer the folder's."""
+    first = CheckpointStore(tmp_path / "ck", run="first").acquire()
+    real_flock, calls = fcntl.flock, []
+
+    def flock_after_the_first_lets_go(fd, operation):
+        calls.append(operation)
+        if len(calls) == 1:
+            first.release()
+            if new_lock_first:  # a third taker made the folder and its lock file again meanwhile
+                (tmp_path / "ck").mkdir(mode=0o700)
+                (tmp_path / "ck" / LOCK_FILE).touch(mode=0o600)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_the_first_lets_go)
+    second = CheckpointStore(tmp_path / "ck", run="second").acquire()
+    monkeypatch.setattr(fcntl, "flock", real_flock)
+    assert len(calls) == 2  # locked once in vain, then anew
+    lock = os.stat(tmp_path / "ck" / LOCK_FILE)
+    assert (lock.st_dev, lock.st_ino) == (os.fstat(second.folder._lock_fd).st_dev, os.fstat(second.folder._lock_fd).st_ino)
+    with pytest.raises(CheckpointDirBusyError, match="in use by run 'second'"):
+        CheckpointStore(tmp_path / "ck", run="third").acquire()
+    checkpoint = second.save(make_model(), TrainingPosition(0, 1), reason="save")
+    assert checkpoint.path.parent == tmp_path / "ck" and checkpoint.path.exists()
+    second.release()
+    assert sorted(os.listdir(tmp_path / "ck")) == sorted([LOCK_FILE, checkpoint.path.name, checkpoint.sidecar.name])
 
 
 # Checked when fit starts -----------------------------------------------------------
@@ -203,14 +267,15 @@ def test_a_user_given_folder_keeps_its_mode_and_missing_parents_are_private(tmp_
     with CheckpointStore(given):
         pass
     assert stat.S_IMODE(given.stat().st_mode) == 0o755
+    assert os.listdir(given) == [LOCK_FILE]  # a folder it did not make stays, empty or not
     old_umask = os.umask(0)
     try:
         with CheckpointStore(tmp_path / "new" / "deeper" / "ck"):
-            pass
+            for folder in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "ck"):
+                assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     finally:
         os.umask(old_umask)
-    for folder in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "ck"):
-        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert os.listdir(tmp_path / "new" / "deeper") == []  # the folder it made, left empty, went; its parents stay
 
 
 @pytest.mark.parametrize("where", ["checkpoints", "checkpoints/planted"])

@@ -13,7 +13,11 @@ lock file, in one page written with one ``pwrite``; a later holder uses that
 record, and only that, to remove what a killed save left, and only files of
 the names a save makes (its checkpoint files, its staging folders). A lock
 file owned by another user is refused; one that others could write has its
-intent ignored (and is made private). The lock file is never removed.
+intent ignored (and is made private). The lock file stays with anything
+else the folder holds; a folder its holder created and leaves with nothing
+else in it (a run that ended without a checkpoint) is removed on release,
+so ended runs leave no empty folders behind. A second holder that opened
+the lock file just before it was removed takes the folder anew.
 
 `CheckpointStore` holds one (`CheckpointStore.folder`) and adds what a
 checkpoint is; the commit protocol (`commit`) works through it.
@@ -43,13 +47,19 @@ __all__ = ["CheckpointFolder", "LOCK_FILE", "STAGING_PREFIX"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
-#: The lock file of a checkpoint folder (never removed: see `CheckpointFolder.release`).
+#: The lock file of a checkpoint folder (removed only with an empty folder its holder made: see `CheckpointFolder.release`).
 LOCK_FILE = ".traincontrol.lock"
 #: Hidden staging folders of saves in progress: ``.partial-RUNID-SEQ``.
 STAGING_PREFIX = ".partial-"
 _LOCK_RECORD_BYTES = 4096  # one page: a record is written with one pwrite, whole or not at all
 #: A staging folder's name, as a save makes it (the only kind an intent record may name, with model files).
 _STAGING_NAME = re.compile(r"^\.partial-[0-9a-f]{32}-\d{1,16}$")
+#: How often `acquire` takes the folder anew when its holder removed it meanwhile.
+_ACQUIRE_ATTEMPTS = 5
+
+
+class _FolderRemoved(Exception):
+    """The folder, or its lock file, was removed while being taken (its last holder left it empty)."""
 
 
 class CheckpointFolder:
@@ -91,7 +101,7 @@ class CheckpointFolder:
         self._lock_fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._pending: dict[str, Any] | None = None
-
+        self._created = False  # this hold made the folder: removed on release if left empty
 
     @property
     def dir_fd(self) -> int | None:
@@ -126,12 +136,24 @@ class CheckpointFolder:
         """
         if self.held:
             return self
-        dir_fd = self._open_folder()
-        try:
-            lock_fd, previous = self._lock(dir_fd)
-        except BaseException:
-            os.close(dir_fd)
-            raise
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            try:
+                dir_fd = self._open_folder()
+            except _FolderRemoved:
+                continue
+            try:
+                lock_fd, previous = self._lock(dir_fd)
+                break
+            except _FolderRemoved:
+                os.close(dir_fd)
+            except BaseException:
+                os.close(dir_fd)
+                raise
+        else:
+            raise CheckpointDirError(
+                f"Could not take checkpoint folder {self.directory}: it was removed each of the "
+                f"{_ACQUIRE_ATTEMPTS} times it was opened; expected a folder that stays."
+            )
         self._dir_fd, self._lock_fd = dir_fd, lock_fd
         self._identity = _identity(os.fstat(dir_fd))
         pending = previous.get("pending")
@@ -146,18 +168,34 @@ class CheckpointFolder:
         return self
 
     def release(self) -> None:
-        """Lets the folder go (the lock file stays, marked free). Idempotent."""
-        lock_fd, dir_fd = self._lock_fd, self._dir_fd
+        """Lets the folder go: the lock file stays, marked free, unless the
+        folder is one this hold created and nothing but the lock file is in
+        it (then both go). Idempotent."""
+        lock_fd, dir_fd, identity = self._lock_fd, self._dir_fd, self._identity
         self._lock_fd = self._dir_fd = self._identity = None
         if lock_fd is None:
             return
         try:
-            _write_record(lock_fd, {"tool": TOOL, "holder": None})
+            if not (self._created and self._remove_if_empty(dir_fd, identity)):
+                _write_record(lock_fd, {"tool": TOOL, "holder": None})
         except OSError as error:
             logger.warning("Could not mark %s free: %s", self.directory / LOCK_FILE, error)
         finally:
             os.close(lock_fd)  # drops the flock
             os.close(dir_fd)
+
+    def _remove_if_empty(self, dir_fd: int, identity: tuple[int, int] | None) -> bool:
+        """Removes the folder (still locked) if its lock file is all it holds;
+        True if the lock file went (the folder too, unless a new taker's is in it)."""
+        if self._pending is not None or os.listdir(dir_fd) != [LOCK_FILE]:
+            return False
+        os.unlink(LOCK_FILE, dir_fd=dir_fd)  # a taker that opened it before this sees it gone, and retries
+        try:
+            if _identity(os.lstat(self.directory)) == identity:
+                os.rmdir(self.directory)  # fails if a new taker's lock file is in it already: it stays theirs
+        except OSError:
+            pass
+        return True
 
     def __enter__(self) -> "CheckpointFolder":
         return self.acquire()
@@ -168,9 +206,11 @@ class CheckpointFolder:
     def _open_folder(self) -> int:
         """Creates or checks the folder; returns a descriptor of it."""
         path = self.directory
+        self._created = False
         try:
             if self.private:
                 ensure_private_dir(path.parent)
+                self._created = path in make_private_dirs(path)
                 ensure_private_dir(path)
                 fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 if _identity(os.fstat(fd)) != _identity(os.lstat(path)):
@@ -183,7 +223,7 @@ class CheckpointFolder:
                     f"expected a folder (or a link to one)."
                 )
             if not os.path.lexists(path):
-                make_private_dirs(path)
+                self._created = path in make_private_dirs(path)
             st = os.stat(path)
             if not stat.S_ISDIR(st.st_mode):
                 raise CheckpointDirError(
@@ -196,6 +236,10 @@ class CheckpointFolder:
             raise CheckpointDirError(f"Checkpoint folder {path} is unsafe: {error}") from error
         except CheckpointDirError:
             raise
+        except FileNotFoundError as error:
+            if os.path.lexists(path.parent):
+                raise _FolderRemoved() from error  # its last holder removed it just now
+            raise CheckpointDirError(f"Could not use checkpoint folder {path}: {error.strerror or error}.") from error
         except OSError as error:
             raise CheckpointDirError(f"Could not use checkpoint folder {path}: {error.strerror or error}.") from error
 
@@ -203,7 +247,9 @@ class CheckpointFolder:
         """Opens and flocks the lock file; returns it and its previous record."""
         lock_path = self.directory / LOCK_FILE
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        except FileNotFoundError as error:
+            raise _FolderRemoved() from error  # the folder itself was removed since it was opened
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise CheckpointDirError(
@@ -220,8 +266,6 @@ class CheckpointFolder:
                     f"{lock_path} belongs to uid {st.st_uid}, not to this user (uid {uid}): a lock file someone else put "
                     f"there is not acted on. Expected a lock file of this user's; use a checkpoint folder of your own."
                 )
-            if _identity(st) != _identity(os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)):
-                raise CheckpointDirChangedError(f"{self.directory} was replaced while being opened; expected one folder.")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -231,6 +275,8 @@ class CheckpointFolder:
                     f"(pid {holder.get('pid', '?')}); expected a folder no live run holds. Give this run its own "
                     f"checkpoint_dir, or end that run first."
                 ) from None
+            if not _still_linked(st, dir_fd):
+                raise _FolderRemoved()  # its holder removed it (left empty) before letting go: take the folder anew
             record = _read_record(fd)
             if st.st_mode & 0o022:  # others could have written its intent: what it says is not acted on
                 os.fchmod(fd, 0o600)
@@ -324,6 +370,15 @@ class CheckpointFolder:
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
+
+
+def _still_linked(lock: os.stat_result, dir_fd: int) -> bool:
+    """True if the lock file opened (`lock`) is still the folder's, and the folder was not removed."""
+    try:
+        return _identity(lock) == _identity(os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)) \
+            and os.fstat(dir_fd).st_nlink > 0
+    except FileNotFoundError:
+        return False
 
 
 def _write_record(fd: int, record: Mapping[str, Any]) -> None:

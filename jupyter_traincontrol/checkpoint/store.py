@@ -40,7 +40,8 @@ on ``.traincontrol.lock``, which names the holder), released by the kernel
 when the process dies. A second store on the same folder, in this process
 or another, fails with `CheckpointDirBusyError`. While it holds the folder,
 the store works through a descriptor of it opened once, and a save fails
-clearly if the path now leads to another folder.
+clearly if the path now leads to another folder. A folder the store made
+and leaves holding nothing but its lock file is removed as it lets go.
 
 Example:
 
