@@ -262,8 +262,8 @@ def report(sizes, model_with_file_size, folder: Path, rounds: int, written_back:
                          _common.median(found["steps during"]), _common.median(found["write"]),
                          _common.median(found["kept"]) / 1e6])
         during = _common.median(ours["during write"])
-        summary.append(f"{megabytes:g}MB held {held_ratio:.2f}x the peer's "
-                       f"({_common.median(ours['held']) * 1e3:.2f} vs {_common.median(theirs['held']) * 1e3:.2f} ms), "
+        summary.append(f"{megabytes:g}MB held {held_ratio:.2f}x the peer's (median of the rounds' ratios; medians "
+                       f"{_common.median(ours['held']) * 1e3:.2f} vs {_common.median(theirs['held']) * 1e3:.2f} ms), "
                        f"steps during our write {during:.2f}x")
         del model
     print(f"\n{keras.backend.backend()}: our save command beside {peer_name}, alternating in one fit ({rounds} rounds; "
