@@ -121,12 +121,23 @@ def jobs():
         job.kill_all()
 
 
+ACK_WAIT_SECONDS = 60
+
+
 def _send(job: JobProcesses, command: str, means: str) -> None:
     if means == "cli":
-        result = cli("send", job.name, command, "--wait", "60")
-        assert result.returncode == 0, result.stderr
+        # The CLI gives up after ACK_WAIT_SECONDS itself and says so: the test waits longer than it.
+        result = cli("send", job.name, command, "--wait", str(ACK_WAIT_SECONDS), timeout=ACK_WAIT_SECONDS + 30)
+        assert result.returncode == 0, f"{result.stderr}{_where_each_process_is(job)}"
     else:  # a shell writing to the job's FIFO
         subprocess.run(["sh", "-c", f"echo {command} > '{job.fifo}'"], check=True, timeout=10)
+
+
+def _where_each_process_is(job: JobProcesses) -> str:
+    """What a failed send shows: each process's exit code and last logged events, and the job's record."""
+    lines = [f"process {i} (exit code {process.poll()}): {job.events(i)[-6:]}" for i, process in enumerate(job.processes)]
+    listed = cli("list", "--json")
+    return "\n".join([*lines, f"record: {(listed.stdout or listed.stderr)[-3000:]}"])
 
 
 def _result(job: JobProcesses, i: int) -> dict:
