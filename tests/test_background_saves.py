@@ -6,15 +6,18 @@ Real fits of a tiny model; a slow write is made with the store's
 
 from __future__ import annotations
 
+import json
+import random
 import threading
 import time
+import zipfile
 
 import keras
 import numpy as np
 import pytest
 
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.state import ModelSnapshot, SnapshotBuffers
+from jupyter_traincontrol.state import ModelSnapshot, SnapshotBuffers, random_state
 
 BACKEND = keras.backend.backend()
 
@@ -117,6 +120,52 @@ def test_a_snapshot_of_views_writes_the_same_file_as_model_save(make_model, tiny
     model.save(tmp_path / "plain.keras")
     for a, b in zip(_loaded_state(tmp_path / "views.keras"), _loaded_state(tmp_path / "plain.keras"), strict=True):
         assert np.array_equal(a, b)
+
+
+def _compile_config(path) -> dict:
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read("config.json"))["compile_config"]
+
+
+def test_snapshots_of_one_layout_keep_the_compile_config_of_their_moment(make_model, tiny_data, tmp_path):
+    """The compile config a reused layout keeps is serialized anew when the
+    optimizer's config changes (a learning rate, a Python hyperparameter)
+    or the model is compiled again, and is what ``model.save`` writes."""
+    model = make_model()
+    _fit(model, tiny_data)
+    layout = ModelSnapshot.take(model).layout
+
+    def same_as_model_save(name):
+        snapshot = ModelSnapshot.take(model, layout=layout)
+        assert snapshot.layout is layout
+        snapshot.save(tmp_path / f"{name}.keras")
+        snapshot.release()
+        model.save(tmp_path / f"{name}-plain.keras")
+        config = _compile_config(tmp_path / f"{name}.keras")
+        assert config == _compile_config(tmp_path / f"{name}-plain.keras"), name
+        return config
+
+    first = same_as_model_save("first")
+    assert same_as_model_save("unchanged") == first
+    model.optimizer.learning_rate.assign(0.25)
+    assert same_as_model_save("lr")["optimizer"]["config"]["learning_rate"] == 0.25
+    model.optimizer.beta_1 = 0.5
+    assert same_as_model_save("beta_1")["optimizer"]["config"]["beta_1"] == 0.5
+    model.compile(model.optimizer, "mae")  # compiled again, with the same optimizer: the same variables
+    assert same_as_model_save("recompiled")["loss"] == "mae"
+
+
+def test_a_captured_resume_state_is_the_state_when_taken_whenever_it_is_packed():
+    """`random_state.capture` packs its states when first read (on the
+    writer's thread): what it holds is still the moment it was taken."""
+    random.seed(7)
+    np.random.seed(7)
+    captured = random_state.capture(None, 3, None)
+    expected = random_state.EpochStart().packed()  # nothing drawn since
+    random.random(), np.random.rand(5)
+    assert dict(captured)["now"] == expected and captured["epoch_start"] == expected and captured["epoch"] == 3
+    assert random_state.restore(None, dict(captured), 3) is None
+    assert random_state.EpochStart().packed() == expected  # restored: the numbers drawn since are drawn again
 
 
 def test_back_to_back_background_saves_each_hold_their_boundary_and_the_copy_is_dropped_at_the_end(

@@ -92,7 +92,7 @@ class SaveScheduler:
     """
 
     def __init__(self, trained: Trained, run: RunPort, progress: TrainingProgress, say: Callable[..., None],
-                 background: bool = True, resume_state: Callable[[TrainingPosition], dict] | None = None,
+                 background: bool = True, resume_state: Callable[[TrainingPosition], Mapping | None] | None = None,
                  store: CheckpointStore | None = None):
         self.trained = trained
         self.policy: SavePolicy | None = None  # set by the steering of the run, if it steers

@@ -255,7 +255,7 @@ class FitSession:
     def _end_fit(self) -> None:
         self.model.stop_training = True
 
-    def _resume_state(self, position: TrainingPosition) -> dict:
+    def _resume_state(self, position: TrainingPosition) -> Mapping[str, Any]:
         """What a checkpoint at `position` keeps for an exact resume (`random_state`);
         while a resume still skips, the resumed checkpoint's own."""
         progress = self.progress

@@ -14,7 +14,7 @@ import contextlib
 import math
 import sys
 import threading
-from typing import Any
+from typing import Any, Mapping
 
 from ..boundary.actions import CommandActions
 from ..boundary.nan_policy import NanPolicy
@@ -154,7 +154,7 @@ class LoopSession:
         """True on the thread that runs the loop."""
         return threading.get_ident() == self._thread
 
-    def _resume_state(self, position: TrainingPosition) -> dict | None:
+    def _resume_state(self, position: TrainingPosition) -> Mapping[str, Any] | None:
         if self.progress.pinned is not None:
             return self.resumed.info.get("resume_state")
         started = self.random_at_epoch_start if position.resume_epoch == self.progress.epoch else None
