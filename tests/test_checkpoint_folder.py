@@ -11,12 +11,14 @@ import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import driving
 from helpers import At, EventLog, TESTS_DIR, child_env, wait_until
 from jupyter_traincontrol import ControlCallback
+from jupyter_traincontrol.system.private_fs import make_private_dirs
 from jupyter_traincontrol.transport.send import deliver
 from jupyter_traincontrol.checkpoint import (
     LOCK_FILE,
@@ -150,6 +152,39 @@ def test_a_run_that_ends_without_a_checkpoint_removes_the_folder_it_made(make_mo
     assert os.listdir(given) == [LOCK_FILE]  # a folder the user made stays, empty or not
 
 
+def test_the_parents_a_run_made_for_its_folder_go_with_it_while_empty(make_model, tiny_data, tmp_path, monkeypatch):
+    """A first `fit` that leaves no checkpoint leaves no `checkpoints/`
+    either; a parent another run's folder is in, or one the run did not
+    make, stays."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    fit(make_model(), tiny_data, ControlCallback(name="first", save_at_end=False, verbose=False))
+    fit(make_model(), tiny_data, ControlCallback(name="deep", checkpoint_dir="a/b/c", save_at_end=False, verbose=False))
+    assert os.listdir(tmp_path / "work") == []
+    one = CheckpointStore(tmp_path / "p" / "one", run="one").acquire()  # makes p
+    two = CheckpointStore(tmp_path / "p" / "two", run="two").acquire()
+    one.release()
+    assert os.listdir(tmp_path / "p") == ["two"]  # p is not empty: it stays
+    two.release()
+    assert os.listdir(tmp_path / "p") == []  # the second did not make p
+
+
+def test_folders_are_made_even_as_another_run_removes_the_empty_parent(tmp_path, monkeypatch):
+    """Between making ``x`` and ``x/y``, another run lets its empty ``x`` go:
+    `make_private_dirs` makes both again instead of failing."""
+    real_mkdir, removed = os.mkdir, []
+
+    def mkdir_as_x_is_removed(path, mode=0o777):
+        real_mkdir(path, mode)
+        if Path(path).name == "x" and not removed:
+            removed.append(path)
+            os.rmdir(path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_as_x_is_removed)
+    assert make_private_dirs(tmp_path / "x" / "y") == [tmp_path / "x", tmp_path / "x" / "y"]
+    assert removed and (tmp_path / "x" / "y").is_dir()
+
+
 def test_a_folder_given_something_else_while_held_stays(tmp_path):
     with CheckpointStore(tmp_path / "ck", run="mine"):
         (tmp_path / "ck" / "notes.txt").write_text("mine")
@@ -275,7 +310,7 @@ def test_a_user_given_folder_keeps_its_mode_and_missing_parents_are_private(tmp_
                 assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     finally:
         os.umask(old_umask)
-    assert os.listdir(tmp_path / "new" / "deeper") == []  # the folder it made, left empty, went; its parents stay
+    assert not (tmp_path / "new").exists()  # the folders it made, left empty, went: its own and its parents
 
 
 @pytest.mark.parametrize("where", ["checkpoints", "checkpoints/planted"])

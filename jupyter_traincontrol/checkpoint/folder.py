@@ -101,7 +101,7 @@ class CheckpointFolder:
         self._lock_fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._pending: dict[str, Any] | None = None
-        self._created = False  # this hold made the folder: removed on release if left empty
+        self._made: list[Path] = []  # the folders this hold made (parents first): removed on release if left empty
 
     @property
     def dir_fd(self) -> int | None:
@@ -170,13 +170,13 @@ class CheckpointFolder:
     def release(self) -> None:
         """Lets the folder go: the lock file stays, marked free, unless the
         folder is one this hold created and nothing but the lock file is in
-        it (then both go). Idempotent."""
+        it (then both go, and the parents it made while empty). Idempotent."""
         lock_fd, dir_fd, identity = self._lock_fd, self._dir_fd, self._identity
         self._lock_fd = self._dir_fd = self._identity = None
         if lock_fd is None:
             return
         try:
-            if not (self._created and self._remove_if_empty(dir_fd, identity)):
+            if not (self._made[-1:] == [self.directory] and self._remove_if_empty(dir_fd, identity)):
                 _write_record(lock_fd, {"tool": TOOL, "holder": None})
         except OSError as error:
             logger.warning("Could not mark %s free: %s", self.directory / LOCK_FILE, error)
@@ -193,6 +193,8 @@ class CheckpointFolder:
         try:
             if _identity(os.lstat(self.directory)) == identity:
                 os.rmdir(self.directory)  # fails if a new taker's lock file is in it already: it stays theirs
+                for parent in reversed(self._made[:-1]):  # then the parents it made, while empty
+                    os.rmdir(parent)
         except OSError:
             pass
         return True
@@ -206,11 +208,12 @@ class CheckpointFolder:
     def _open_folder(self) -> int:
         """Creates or checks the folder; returns a descriptor of it."""
         path = self.directory
-        self._created = False
+        self._made = []
         try:
             if self.private:
-                ensure_private_dir(path.parent)
-                self._created = path in make_private_dirs(path)
+                self._made = make_private_dirs(path.parent)
+                ensure_private_dir(path.parent)  # checked before anything is made in it
+                self._made += make_private_dirs(path)
                 ensure_private_dir(path)
                 fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 if _identity(os.fstat(fd)) != _identity(os.lstat(path)):
@@ -223,7 +226,7 @@ class CheckpointFolder:
                     f"expected a folder (or a link to one)."
                 )
             if not os.path.lexists(path):
-                self._created = path in make_private_dirs(path)
+                self._made = make_private_dirs(path)
             st = os.stat(path)
             if not stat.S_ISDIR(st.st_mode):
                 raise CheckpointDirError(

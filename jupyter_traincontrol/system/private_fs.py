@@ -122,19 +122,28 @@ def make_private_dirs(path: Path) -> list[Path]:
         OSError: If a component is not a folder or cannot be created.
     """
     path = Path(path).absolute()
-    missing = []
-    for folder in [path, *path.parents]:
-        if os.path.lexists(folder):
-            break
-        missing.append(folder)
-    created = []
-    for folder in reversed(missing):
+    created: list[Path] = []
+    for _attempt in range(_MAKE_ATTEMPTS):
+        missing = []
+        for folder in [path, *path.parents]:
+            if os.path.lexists(folder):
+                break
+            missing.append(folder)
         try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:  # made by someone else meanwhile: checked by the caller
-            continue
-        created.append(folder)
-    return created
+            for folder in reversed(missing):
+                try:
+                    os.mkdir(folder, 0o700)
+                except FileExistsError:  # made by someone else meanwhile: checked by the caller
+                    continue
+                created.append(folder)
+            return created
+        except FileNotFoundError:  # a parent was removed meanwhile (a run let its empty folder go): again
+            created = [folder for folder in created if os.path.lexists(folder)]
+    raise FileNotFoundError(f"Could not create {path}: its parent folders kept being removed.")
+
+
+#: Tries of `make_private_dirs` while other processes remove the empty parents it is making folders in.
+_MAKE_ATTEMPTS = 5
 
 
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
