@@ -14,7 +14,7 @@ them), and dates its metadata. The compile config is serialized anew only
 when the optimizer's config changed or the model was compiled again: its
 loss and metrics are taken as fixed while a layout lives, as the model's
 own config is (serializing it is 0.1-0.4 ms of a save's hold on
-TensorFlow; the optimizer's ``get_config``, its key, about half of that).
+TensorFlow; the optimizer's ``get_config``, its key, a third to a half of that).
 
 A layout is reused only where that is exact: every value the walk met is a
 Keras variable (a layer whose ``save_own_variables`` stores something else,
@@ -91,7 +91,7 @@ class SnapshotLayout:
     def config(self, model) -> tuple[dict, str]:
         """The model's serialized config with its compile config as of now,
         and the metadata (dated now). JSON them later, on any thread: the
-        compile config is a fresh dict, the rest is never changed."""
+        config is a fresh dict, and nothing in it is ever changed."""
         from keras.src.saving import serialization_lib
         from keras.src.version import __version__
 
