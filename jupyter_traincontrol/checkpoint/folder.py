@@ -168,9 +168,8 @@ class CheckpointFolder:
         return self
 
     def release(self) -> None:
-        """Lets the folder go: the lock file stays, marked free, unless the
-        folder is one this hold created and nothing but the lock file is in
-        it (then both go, and the parents it made while empty). Idempotent."""
+        """Lets the folder go: the lock file stays, marked free, unless this hold made the folder and
+        only the lock file is in it (then both go, and the parents it made while empty). Idempotent."""
         lock_fd, dir_fd, identity = self._lock_fd, self._dir_fd, self._identity
         self._lock_fd = self._dir_fd = self._identity = None
         if lock_fd is None:
