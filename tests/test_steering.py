@@ -8,6 +8,7 @@ import os
 import re
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -357,6 +358,32 @@ def test_on_nan_stop_ends_the_run_keeping_the_last_finite_checkpoint(make_model,
     assert_finite_checkpoints(control)
     events = find_run("nanstop")["events"]
     assert any("loss was nan at epoch 2, batch 3: stopping without a checkpoint" in e["message"] for e in events)
+
+
+def test_the_nan_policy_meets_the_earliest_step_when_the_pool_saw_them_out_of_order():
+    """Keras's pool runs the batch-end hooks of several steps on several
+    threads, so a later step's NaN may be noted first (seen under load on
+    torch: "batch 5" for a NaN from batch 3): the policy gets the earliest."""
+    from jupyter_traincontrol.boundary.progress import TrainingProgress
+    from jupyter_traincontrol.fit.boundaries import Boundaries
+    from jupyter_traincontrol.fit.dispatch import BatchDispatch
+
+    class PoolingCallbackList:  # what BatchDispatch switches: a CallbackList that hands batch ends to its pool
+        _async_train, _async_test = True, False
+
+        def _flush_futures(self):
+            pass
+
+    met = []
+    boundaries = Boundaries(TrainingProgress(), SimpleNamespace(add_loss=lambda loss: None),
+                            SimpleNamespace(pending=False, apply_pending=lambda **kwargs: None),
+                            BatchDispatch(PoolingCallbackList()), lambda *noted: met.append(noted))
+    pool = threading.Thread(target=lambda: [boundaries.batch_ended(batch, {"loss": math.nan}) for batch in (4, 3, 2)])
+    pool.start()
+    pool.join()
+    assert boundaries.dispatch.held  # the next batch end is the training thread's, where the policy acts
+    boundaries.batch_ended(5, {"loss": math.nan})
+    assert [(epoch, batch) for _loss, epoch, batch in met] == [(0, 2)]
 
 
 @NAN_INJECTION

@@ -50,8 +50,8 @@ class Boundaries:
         actions: Carries out the commands.
         dispatch: Where Keras calls the batch-end hooks.
         on_non_finite: Called on the training thread with ``(loss, epoch,
-            batch)`` of the first loss that was not finite since the last
-            boundary.
+            batch)`` of the earliest step whose loss was not finite since
+            the last boundary.
         gate: In a job, the agreed channel (``before_step``, ``acting``,
             ``acted``: `job.agreement.AgreedChannel`); None otherwise.
     """
@@ -161,8 +161,8 @@ class Boundaries:
         while True:
             with self._lock:
                 noted, self._non_finite = self._non_finite, []
-            if noted:
-                self._on_non_finite(*noted[0])  # the first one: the policy acts once for them all
+            if noted:  # the policy acts once for them all, on the earliest step's (the pool's threads may note out of order)
+                self._on_non_finite(*min(noted, key=lambda entry: (entry[1], entry[2])))
             self.actions.apply_pending(mid_epoch=mid_epoch, before_step=before_step)
             if gate is None or not gate.acted():
                 break
