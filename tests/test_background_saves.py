@@ -155,6 +155,72 @@ def test_snapshots_of_one_layout_keep_the_compile_config_of_their_moment(make_mo
     assert same_as_model_save("recompiled")["loss"] == "mae"
 
 
+def test_a_snapshot_keeps_the_learning_rate_of_its_moment_and_a_custom_optimizer_config_is_read_whole(
+        make_model, tiny_data, tmp_path):
+    """A reused layout reads a Keras optimizer's learning rate when the
+    file is written (`frozen.Late`): still the value when taken. An
+    optimizer with a ``get_config`` of its own is keyed by all of it, so a
+    change of what it writes is seen whatever its type."""
+    model = make_model()
+    _fit(model, tiny_data)
+    layout = ModelSnapshot.take(model).layout
+    ModelSnapshot.take(model, layout=layout).release()  # the layout's compile config is kept from here on
+    model.optimizer.learning_rate.assign(0.125)
+    snapshot = ModelSnapshot.take(model, layout=layout)
+    model.optimizer.learning_rate.assign(0.5)  # after the snapshot, before its file
+    snapshot.save(tmp_path / "taken.keras")
+    snapshot.release()
+    assert _compile_config(tmp_path / "taken.keras")["optimizer"]["config"]["learning_rate"] == 0.125
+
+    class Annealed(keras.optimizers.SGD):
+        def __init__(self, *args, phases=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.phases = dict(phases or {"warm": 1})
+
+        def get_config(self):
+            return {**super().get_config(), "phases": dict(self.phases)}
+
+    model = make_model()
+    model.compile(Annealed(0.01), "mse")
+    _fit(model, tiny_data)
+    layout = ModelSnapshot.take(model).layout
+    ModelSnapshot.take(model, layout=layout).release()
+    model.optimizer.phases["cool"] = 2  # in place: no plain attribute changed
+    snapshot = ModelSnapshot.take(model, layout=layout)
+    snapshot.save(tmp_path / "custom.keras")
+    snapshot.release()
+    assert _compile_config(tmp_path / "custom.keras")["optimizer"]["config"]["phases"] == {"warm": 1, "cool": 2}
+
+
+def test_a_background_save_records_the_step_learning_rate_and_seeds_of_its_boundary(make_model, tiny_data, tmp_path):
+    """What a checkpoint records of the optimizer and the random state is
+    brought to the host by its writer (late: on TensorFlow the first host
+    read waits for the step in flight), but is that of its boundary: the
+    writer here starts only after later batches changed all three."""
+    model = make_model()
+    keras.random.uniform((1,))  # makes Keras's global seed generator
+    control = ControlCallback(name="late", checkpoint_dir=tmp_path / "ck", verbose=False, handle_sigint=False,
+                              save_at_end=False)
+    probe = Scripted(control, {2: ["save #late"]}, on_phase=_slow(0.5, "writer-started"))
+    seen = {}
+
+    class ChangeAll(keras.callbacks.Callback):  # after the probe: the save of this boundary is taken
+        def on_train_batch_end(self, batch, logs=None):
+            generator = keras.src.backend.common.global_state.get_global_attribute("global_seed_generator")
+            seen[probe.count] = (float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
+                                 [int(v) for v in keras.ops.convert_to_numpy(generator.state).reshape(-1)])
+            self.model.optimizer.learning_rate.assign(0.001 * (probe.count + 1))
+            keras.random.uniform((1,))  # draws: the global seed generator's state moves on
+
+    _fit(model, tiny_data, control, probe, ChangeAll())
+    (checkpoint,) = control.lifecycle.checkpoints()
+    assert checkpoint.info["global_step"] == 3
+    learning_rate, seeds = seen[3]
+    assert _compile_config(checkpoint.path)["optimizer"]["config"]["learning_rate"] == pytest.approx(learning_rate)
+    assert checkpoint.info["resume_state"]["seed_generators"]["global"] == seeds
+    assert seen[4][1] != seeds and seen[4][0] != learning_rate  # they did change before the writer read them
+
+
 def test_a_captured_resume_state_is_the_state_when_taken_whenever_it_is_packed():
     """`random_state.capture` packs its states when first read (on the
     writer's thread): what it holds is still the moment it was taken."""

@@ -9,7 +9,7 @@ front end.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ..checkpoint import Checkpoint, CheckpointStore
 from ..protocol import RunState
@@ -46,6 +46,12 @@ class Trained(Protocol):
 
     def step(self) -> int | None:
         """The optimizer's step count, or None without an optimizer."""
+
+    def step_later(self) -> Callable[[], int | None]:
+        """`step` as of now, given by the call returned (on any thread,
+        later): where the backend keeps the value, read to the host only
+        then. Asked only of a state whose ``snapshots`` is true (a save
+        in the background)."""
 
     def snapshot(self, buffers: Any) -> Any:
         """A host copy with ``save(path)`` and ``release()``, written later on any thread."""

@@ -32,6 +32,7 @@ is a `SavePolicy` (the run's steering registers itself as one).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import threading
 from typing import Callable, ContextManager, Mapping, NamedTuple, Protocol
@@ -163,13 +164,14 @@ class SaveScheduler:
             requests, self._waiting, self.due = self._waiting, [], False
         if not requests:
             return
-        position = self._position()
         self._taken_at, self._last_outcome = self._progress.boundary, None
         terms = self._terms()
         if terms.refused is not None or not self.background:
-            self._last_outcome = self._refused("save", terms) or self._write_here(position, "save", terms)
+            self._last_outcome = self._refused("save", terms) or self._write_here(self._position(), "save", terms)
             self._answer(requests, *self._last_outcome)
             return
+        position = self._progress.position(None)
+        step = self.trained.step_later()
         try:
             with terms.around:
                 snapshot = self.trained.snapshot(self._buffers)
@@ -178,8 +180,9 @@ class SaveScheduler:
             self._answer(requests, *self._last_outcome)
             return
         self._in_flight = requests
-        self._writer.submit(snapshot, position, "save", self._progress.metrics, self._written,
-                            self._resume_state(position), terms.tunables)
+        self._writer.submit(snapshot, _with_step(position, step) if position is not self._progress.pinned else position,
+                            "save", self._progress.metrics, self._written, self._resume_state(position),
+                            terms.tunables)
 
     def write_now(self, reason: str) -> Outcome:
         """A checkpoint of this boundary (the state synced), on disk when
@@ -300,3 +303,8 @@ class SaveScheduler:
     def _answer(self, requests: list[Request], outcome: str, message: str) -> None:
         for request in requests:
             self.run.journal.acknowledge(request, outcome, message)
+
+
+def _with_step(position: TrainingPosition, step: Callable[[], int | None]) -> Callable[[], TrainingPosition]:
+    """`position` with the optimizer step `step` gives, when called (by the writer)."""
+    return lambda: dataclasses.replace(position, global_step=step())

@@ -95,7 +95,7 @@ class CheckpointWriter:
     def submit(
         self,
         source: Any,
-        position: TrainingPosition,
+        position: TrainingPosition | Callable[[], TrainingPosition],
         reason: str,
         metrics: Mapping[str, Any] | None,
         on_done: OnDone,
@@ -107,7 +107,9 @@ class CheckpointWriter:
         Args:
             source: Anything with ``save(path)`` (a `state.ModelSnapshot`, or
                 the model while its training thread waits for the write).
-            position: Where training stood when `source` was taken.
+            position: Where training stood when `source` was taken, or a
+                call that gives it (made on the writer thread, whose host
+                reads then do not hold the training thread).
             reason: ``save``, ``stop``, ``interrupt``, ...
             metrics: The metrics for the sidecar.
             on_done: Called on the writer thread when the write ends,
@@ -201,6 +203,8 @@ class CheckpointWriter:
             source.pace = self._pace
         try:
             self.store.phase("writer-started")
+            if callable(position):
+                position = position()
             checkpoint = self.store.save(source, position, reason=reason, metrics=metrics, resume_state=resume_state,
                                          tunables=tunables)
         except Exception as error:  # reported through on_done, never lost on this thread

@@ -71,6 +71,9 @@ class _Synced:
     def step(self):
         return self._inner.step()
 
+    def step_later(self):
+        return self._inner.step_later()
+
     def snapshot(self, buffers: Any = None):
         return self._inner.snapshot(buffers)
 

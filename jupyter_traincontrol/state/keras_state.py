@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ..checkpoint import Checkpoint, CheckpointError, NonFiniteStateError
 from .arrays import is_finite
-from .frozen import copies_in_place
+from .frozen import Late, copies_in_place
 from .layout import SnapshotLayout
 from .snapshot import ModelSnapshot, SnapshotBuffers
 
@@ -69,6 +69,15 @@ class KerasState:
         """``optimizer.iterations``; without an optimizer, the loop's own count (or None)."""
         step = optimizer_step(self.model)
         return step if step is not None or self._count is None else self._count()
+
+    def step_later(self) -> Callable[[], int | None]:
+        """`step` as of now, brought to the host when called: on TensorFlow
+        the first host read after a step waits for it (`frozen.Late`)."""
+        iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
+        if iterations is None:
+            step = self.step()
+            return lambda: step
+        return Late(iterations, int).value
 
     def snapshot(self, buffers: SnapshotBuffers | None) -> ModelSnapshot:
         """What ``model.save`` writes, as of now, kept while training goes

@@ -11,10 +11,14 @@ Keras variable itself) and the serialized model. Each snapshot then only
 takes the variables' values and the compile config (the optimizer's
 hyperparameters as they are now: ``set`` and `ReduceLROnPlateau` change
 them), and dates its metadata. The compile config is serialized anew only
-when the optimizer's config changed or the model was compiled again: its
-loss and metrics are taken as fixed while a layout lives, as the model's
-own config is (serializing it is 0.1-0.4 ms of a save's hold on
-TensorFlow; the optimizer's ``get_config``, its key, a third to a half of that).
+when the optimizer's hyperparameters changed or the model was compiled
+again: its loss and metrics are taken as fixed while a layout lives, as
+the model's own config is (serializing it is 0.1-0.4 ms of a save's hold
+on TensorFlow). For Keras's own optimizers the key is their plain
+attributes, read without their learning rate, which the config then
+holds as a `frozen.Late` value: brought to the host by the writer, since
+on TensorFlow the first host read after a step waits for it (the
+optimizer's ``get_config``, a key of any other, was 0.2 ms of the hold).
 
 A layout is reused only where that is exact: every value the walk met is a
 Keras variable (a layer whose ``save_own_variables`` stores something else,
@@ -30,10 +34,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import numbers
 import shutil
-from typing import Iterator
+from typing import Any, Iterator
 
-from .frozen import host_copy
+from .frozen import Late, host_copy
 
 __all__ = ["SnapshotLayout"]
 
@@ -53,7 +58,7 @@ class SnapshotLayout:
         self.assets_dir = assets_dir
         self.reusable = reusable
         self._count = count
-        self._compile_key: tuple | None = None  # (the model's compile settings, its optimizer's config)
+        self._compile_key: tuple | None = None  # `_compile_key` of the compile config kept
         self._compile_config: dict | None = None
 
     @classmethod
@@ -111,38 +116,83 @@ class SnapshotLayout:
         if not hasattr(model, "get_compile_config"):
             return None
         key = _compile_key(model)
-        if key is not None and self._compile_key is not None and _same_key(key, self._compile_key):
-            return self._compile_config
-        compile_config = model.get_compile_config()
-        if compile_config is None:
-            return None
-        with serialization_lib.ObjectSharingScope():
-            serialized = serialization_lib.serialize_dict(compile_config)
-        self._compile_key, self._compile_config = key, serialized
-        return serialized
+        if key is None or self._compile_key is None or not _same_key(key, self._compile_key):
+            compile_config = model.get_compile_config()
+            if compile_config is None:
+                return None
+            with serialization_lib.ObjectSharingScope():
+                self._compile_config = serialization_lib.serialize_dict(compile_config)
+            self._compile_key = key
+        if key is not None and key[2] is not None:
+            return _with_learning_rate(self._compile_config, key[2])
+        return self._compile_config
 
 
 def _compile_key(model) -> tuple | None:
     """What decides a Keras 3 model's compile config while it trains: the
-    settings `compile` kept (the object itself) and its optimizer's config
-    now. None where the model serializes its compile config its own way."""
+    settings `compile` kept (the object itself), and its optimizer's
+    hyperparameters now with its learning-rate variable (Keras's own
+    optimizers: `_hyperparameters`) or else its whole config and None. None
+    where the model serializes its compile config its own way."""
+    from keras.src.backend.common.variables import Variable as KerasVariable
     from keras.src.trainers.trainer import Trainer
 
     settings = getattr(model, "_compile_config", None)
     if type(model).get_compile_config is not Trainer.get_compile_config or settings is None or not model.compiled:
         return None
     optimizer = settings.config.get("optimizer")
+    plain = _hyperparameters(optimizer)
+    learning_rate = getattr(optimizer, "_learning_rate", None)
+    if plain is not None and isinstance(learning_rate, KerasVariable):
+        return settings, plain, learning_rate
     try:
-        return settings, optimizer.get_config() if hasattr(optimizer, "get_config") else optimizer
+        return settings, optimizer.get_config() if hasattr(optimizer, "get_config") else optimizer, None
     except Exception:  # serializing says what is wrong, if anything is
         return None
 
 
 def _same_key(key: tuple, other: tuple) -> bool:
     try:
-        return key[0] is other[0] and bool(key[1] == other[1])
+        return key[0] is other[0] and key[2] is other[2] and bool(key[1] == other[1])
     except Exception:  # a config holding arrays, say: serialize it anew
         return False
+
+
+def _hyperparameters(optimizer) -> tuple | None:
+    """The plain attributes (numbers, text, None, and lists of them) of one
+    of Keras's own optimizers: what its ``get_config`` writes but the
+    learning rate. None for an optimizer with a ``get_config`` of its
+    own, or one wrapping another (a loss-scale optimizer)."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    get_config = getattr(type(optimizer), "get_config", None)
+    if not isinstance(optimizer, BaseOptimizer) or hasattr(optimizer, "inner_optimizer") \
+            or not getattr(get_config, "__module__", "").startswith("keras.src.optimizers."):
+        return None
+    return tuple((name, tuple(value) if type(value) is list else value)
+                 for name, value in vars(optimizer).items() if _plain(value))
+
+
+def _plain(value: Any) -> bool:
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is list or kind is tuple:
+        return all(type(item) in _SCALARS for item in value)
+    return isinstance(value, numbers.Number)  # numpy's numbers
+
+
+_SCALARS = frozenset({type(None), bool, int, float, str})
+
+
+def _with_learning_rate(serialized: dict, variable) -> dict:
+    """`serialized` (a compile config) with the optimizer's learning rate
+    as `variable` holds it now, read later (`frozen.Late`); not changed."""
+    entry = serialized.get("optimizer")
+    config = entry.get("config") if isinstance(entry, dict) else None
+    if not isinstance(config, dict) or "learning_rate" not in config:
+        return serialized
+    return {**serialized, "optimizer": {**entry, "config": {**config, "learning_rate": Late(variable, float)}}}
 
 
 def _variable_count(model) -> int:

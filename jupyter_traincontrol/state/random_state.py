@@ -36,6 +36,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .frozen import Late
+
 __all__ = ["RESUME_STATE_VERSION", "CapturedState", "EpochStart", "capture_epoch_start", "capture", "restore", "restore_now"]
 
 RESUME_STATE_VERSION = 2
@@ -94,8 +96,8 @@ def capture(model, epoch: int, epoch_start: "EpochStart | None",
         data: `data_order.DataOrder.state` for that epoch, or None.
     """
     seed_generators = {
-        "model": [_ints(sg.state) for sg in _seed_generators(model)] if model is not None else [],
-        "global": _global_state(),
+        "model": [Late(sg.state, _int_list) for sg in _seed_generators(model)] if model is not None else [],
+        "global": _global_generator_state(),
     }
     return CapturedState(epoch, epoch_start, EpochStart(), seed_generators, data)
 
@@ -103,8 +105,9 @@ def capture(model, epoch: int, epoch_start: "EpochStart | None",
 class CapturedState(Mapping):
     """A ``resume_state`` as `capture` took it: its global random states
     are packed into the sidecar's form (base64 text, 50-100 us on the
-    benchmark machine) when a field is first read, not when it is taken.
-    Every value was copied when taken, so packing later gives the same."""
+    benchmark machine) and its seed generators' states brought to the host
+    (`frozen.Late`) when a field is first read, not when it is taken.
+    Every value was copied or frozen when taken, so packing later gives the same."""
 
     def __init__(self, epoch: int, epoch_start: "EpochStart | None", now: "EpochStart",
                  seed_generators: dict[str, Any], data: dict[str, Any] | None):
@@ -120,7 +123,10 @@ class CapturedState(Mapping):
                 "epoch": epoch,
                 "epoch_start": epoch_start.packed() if epoch_start is not None else packed_now,
                 "now": packed_now,
-                "seed_generators": seed_generators,
+                "seed_generators": {
+                    "model": [late.value() for late in seed_generators["model"]],
+                    "global": seed_generators["global"].value() if seed_generators["global"] is not None else None,
+                },
                 "data": data,
             }
         return self._fields
@@ -219,19 +225,17 @@ def _seed_generators(model) -> list:
     return found
 
 
-def _global_state() -> list[int] | None:
+def _global_generator_state() -> Late | None:
     if "keras" not in sys.modules:  # a custom loop without Keras: nothing to keep, and nothing imported
         return None
     from keras.src.backend.common import global_state
 
     sg = global_state.get_global_attribute("global_seed_generator")
-    return None if sg is None else _ints(sg.state)
+    return None if sg is None else Late(sg.state, _int_list)
 
 
-def _ints(variable) -> list[int]:
-    import keras
-
-    return [int(v) for v in keras.ops.convert_to_numpy(variable).reshape(-1)]
+def _int_list(array) -> list[int]:
+    return [int(v) for v in array.reshape(-1)]
 
 
 def _as_state(values, variable):

@@ -65,7 +65,7 @@ import zipfile
 
 from ..checkpoint import NonFiniteStateError
 from .arrays import is_finite
-from .frozen import as_host_array, copy_into, freeze, host_copy, nbytes_of, view
+from .frozen import as_host_array, copy_into, freeze, host_copy, late_json, nbytes_of, view
 from .layout import SnapshotLayout
 from .weights_store import weights_store
 
@@ -113,7 +113,6 @@ class ModelSnapshot:
     """The state ``model.save`` would write, as of a batch boundary.
 
     Attributes:
-        nbytes: Bytes of array data held.
         layout: The save walk it was taken with (reusable by the next
             snapshot of the same model if `SnapshotLayout.fits` it).
     """
@@ -131,7 +130,15 @@ class ModelSnapshot:
         #: Called with the seconds each slice of the write took (a writer
         #: thread sets it to pace itself); None: no pause.
         self.pace = None
-        self.nbytes = sum(nbytes_of(value) for _p, _m, items in entries for _k, value in items)
+        self._nbytes: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of array data held when taken (counted when first asked,
+        not on the training thread)."""
+        if self._nbytes is None:
+            self._nbytes = sum(nbytes_of(value) for _p, _m, items in self._entries for _k, value in items)
+        return self._nbytes
 
     @classmethod
     def take(cls, model, buffers: SnapshotBuffers | None = None, copy: bool = True,
@@ -201,7 +208,7 @@ class ModelSnapshot:
         bad = self.non_finite()
         if bad:
             raise NonFiniteStateError(bad)
-        config = self._config if isinstance(self._config, str) else json.dumps(self._config)
+        config = self._config if isinstance(self._config, str) else json.dumps(self._config, default=late_json)
         with open(path, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
             archive.writestr(saving_lib._METADATA_FILENAME, self._metadata_json)
             archive.writestr(saving_lib._CONFIG_FILENAME, config)
@@ -225,6 +232,7 @@ class ModelSnapshot:
     def release(self) -> None:
         """Drops the values (and any assets folder), handing its host arrays
         back to its `SnapshotBuffers` if it has one. Idempotent."""
+        self.nbytes  # counted while the values are here
         self._entries = []
         arrays, self._arrays = self._arrays, []
         if self._buffers is not None and arrays:

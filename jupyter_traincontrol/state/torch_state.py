@@ -117,6 +117,16 @@ class TorchState:
     def step(self) -> int | None:
         return self._step()
 
+    def step_later(self) -> Callable[[], int | None]:
+        """`step` now: the loop counts it in Python."""
+        step = self.step()
+        return lambda: step
+
+    def step_later(self) -> Callable[[], int | None]:
+        """`step` now (nothing to read later)."""
+        step = self.step()
+        return lambda: step
+
     def snapshot(self, buffers: Any = None) -> _StateDicts:
         """A host copy of every state dict (the training thread holds for it)."""
         return _StateDicts({name: _on_host(obj.state_dict()) for name, obj in self.objects.items()})
