@@ -194,9 +194,9 @@ def test_a_snapshot_keeps_the_learning_rate_of_its_moment_and_a_custom_optimizer
 
 def test_a_background_save_records_the_step_learning_rate_and_seeds_of_its_boundary(make_model, tiny_data, tmp_path):
     """What a checkpoint records of the optimizer and the random state is
-    brought to the host by its writer (late: on TensorFlow the first host
-    read waits for the step in flight), but is that of its boundary: the
-    writer here starts only after later batches changed all three."""
+    brought to the host by its writer (`frozen.Late`), but is that of its
+    boundary: the writer here starts only after later batches changed all
+    three."""
     model = make_model()
     keras.random.uniform((1,))  # makes Keras's global seed generator
     control = ControlCallback(name="late", checkpoint_dir=tmp_path / "ck", verbose=False, handle_sigint=False,

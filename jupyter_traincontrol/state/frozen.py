@@ -26,10 +26,11 @@ that costs the training thread depends on how the backend updates state:
 training thread waits for (a ``stop``'s checkpoint).
 
 `Late` is the same for a number a checkpoint records (the optimizer's
-step, its learning rate, a seed generator's state): the first host read
-after a step waits for that step to end on TensorFlow (0.2-0.4 ms on the
-benchmark machine), so the training thread keeps the frozen value and the
-writer thread brings it to the host.
+step, its learning rate, a seed generator's state): on TensorFlow a host
+read (``numpy()``) is 50 µs on the benchmark machine, the first eager op
+after a pause 0.1-0.35 ms, against a few µs for the read `freeze` makes,
+so the training thread keeps the frozen value and the writer thread
+brings it to the host.
 
 Keras and numpy are imported lazily.
 """

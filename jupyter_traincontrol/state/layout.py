@@ -16,9 +16,9 @@ again: its loss and metrics are taken as fixed while a layout lives, as
 the model's own config is (serializing it is 0.1-0.4 ms of a save's hold
 on TensorFlow). For Keras's own optimizers the key is their plain
 attributes, read without their learning rate, which the config then
-holds as a `frozen.Late` value: brought to the host by the writer, since
-on TensorFlow the first host read after a step waits for it (the
-optimizer's ``get_config``, a key of any other, was 0.2 ms of the hold).
+holds as a `frozen.Late` value, brought to the host by the writer (the
+optimizer's ``get_config``, which reads it to the host and is the key of
+any other optimizer, was 0.2 ms of the hold on TensorFlow).
 
 A layout is reused only where that is exact: every value the walk met is a
 Keras variable (a layer whose ``save_own_variables`` stores something else,
