@@ -71,8 +71,8 @@ class KerasState:
         return step if step is not None or self._count is None else self._count()
 
     def step_later(self) -> Callable[[], int | None]:
-        """`step` as of now, brought to the host when called: on TensorFlow
-        the first host read after a step waits for it (`frozen.Late`)."""
+        """`step` as of now, brought to the host when called: the training
+        thread only freezes ``optimizer.iterations`` (`frozen.Late`)."""
         iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
         if iterations is None:
             step = self.step()
