@@ -6,10 +6,13 @@ size, one real `fit` of the one-layer Adam model of ``checkpoint_cost.py``
 (callbacks ``[probe, ControlCallback, stopwatch]``) alternates, round after
 round in a rotating order:
 
-- ``save command``: ``save`` written to the run's FIFO; held is the time
-  from the command being queued to the end of `ControlCallback`'s batch
-  hook (the snapshot, `ModelSnapshot.take`); the writer thread writes the
-  ``.keras`` file (staging, sidecar, renames, pruning to keep=3);
+- ``save command``: ``save`` written to the run's FIFO before a step (as
+  a command sent while training runs arrives), queued by the run's thread
+  while the step runs; held is the time from the step's end to the end of
+  `ControlCallback`'s batch hook after it (the snapshot,
+  `ModelSnapshot.take`), with no idle wait before it, as the peer's save
+  follows its step; the writer thread writes the ``.keras`` file (staging,
+  sidecar, renames, pruning to keep=3);
 - ``peer``: on TensorFlow ``tf.train.Checkpoint.write`` with
   ``CheckpointOptions(experimental_enable_async_checkpoint=True)`` (of the
   model's and optimizer's ``tf.Variable``s: a Keras 3 model itself is not
@@ -176,6 +179,12 @@ def measure(model, folder: Path, rounds: int, written_back: bool, keep: int = 3)
             self.current = None
 
         def on_train_batch_begin(self, batch, logs=None):
+            if self.current is not None and self.current.pop("deliver", False):
+                # Before the step, as a command sent while training runs is: the hook after
+                # the step takes it with no idle wait in between (as the peer's save is made).
+                deliver(control.fifo, "save")
+                _common.wait_for(lambda: control.lifecycle.channel.pending, 10, "the save to be queued")
+                self.current["armed"] = True
             clock["begin"] = time.perf_counter()
 
         def on_train_batch_end(self, batch, logs=None):
@@ -193,6 +202,9 @@ def measure(model, folder: Path, rounds: int, written_back: bool, keep: int = 3)
                 return
             current = self.current
             _round, name, warming = current["schedule"]
+            if current.pop("armed", False):  # the step the command waited through: taken at this hook
+                clock["held from"] = current["at"] = time.perf_counter()
+                return
             if len(current["baseline"]) < BASELINE_STEPS:
                 current["baseline"].append(step)
                 if len(current["baseline"]) == BASELINE_STEPS:
@@ -203,9 +215,7 @@ def measure(model, folder: Path, rounds: int, written_back: bool, keep: int = 3)
                         peer.save(self.model)
                         current["held"] = time.perf_counter() - begin
                     else:
-                        deliver(control.fifo, "save")
-                        _common.wait_for(lambda: control.lifecycle.channel.pending, 10, "the save to be queued")
-                        clock["held from"] = time.perf_counter()
+                        current["deliver"] = True
                 return
             busy = peer.busy if name == "peer" else writer_busy()
             if busy and len(current["during"]) < MOST_STEPS_DURING:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.state import ModelSnapshot, SnapshotBuffers, random_state
+from jupyter_traincontrol.state import KerasState, ModelSnapshot, SnapshotBuffers, frozen, random_state
 
 BACKEND = keras.backend.backend()
 
@@ -190,6 +190,35 @@ def test_a_snapshot_keeps_the_learning_rate_of_its_moment_and_a_custom_optimizer
     snapshot.save(tmp_path / "custom.keras")
     snapshot.release()
     assert _compile_config(tmp_path / "custom.keras")["optimizer"]["config"]["phases"] == {"warm": 1, "cool": 2}
+
+
+def test_a_snapshot_gives_the_step_and_learning_rate_it_took_without_reading_them_again(
+        make_model, tiny_data, tmp_path, monkeypatch):
+    """The optimizer's step and learning rate are variables a snapshot
+    takes: the step a background save records and the learning rate of
+    its compile config are those values (`ModelSnapshot.late`), not a
+    second read of the variables (each a cold eager op on TensorFlow),
+    and later training does not change them (torch's host copies too)."""
+    model = make_model()
+    _fit(model, tiny_data)
+    state = KerasState(model)
+    state.snapshot(None).release()  # the layout's compile config is kept from here on
+    model.optimizer.learning_rate.assign(0.125)
+    taken_step = int(model.optimizer.iterations)
+    read_again = []
+    freeze = frozen.freeze
+    monkeypatch.setattr(frozen, "freeze", lambda variable: read_again.append(variable.path) or freeze(variable))
+    snapshot = state.snapshot(SnapshotBuffers())
+    step = state.step_later(snapshot)
+    assert read_again == []
+    model.optimizer.learning_rate.assign(0.5)
+    _fit(model, tiny_data)  # after the snapshot, before its file
+    assert int(model.optimizer.iterations) > taken_step
+    assert step() == taken_step
+    snapshot.save(tmp_path / "taken.keras")
+    snapshot.release()
+    assert _compile_config(tmp_path / "taken.keras")["optimizer"]["config"]["learning_rate"] == 0.125
+    assert ModelSnapshot.take(model).late(model.optimizer.iterations, int).value() == int(model.optimizer.iterations)
 
 
 def test_a_background_save_records_the_step_learning_rate_and_seeds_of_its_boundary(make_model, tiny_data, tmp_path):

@@ -47,11 +47,12 @@ class Trained(Protocol):
     def step(self) -> int | None:
         """The optimizer's step count, or None without an optimizer."""
 
-    def step_later(self) -> Callable[[], int | None]:
+    def step_later(self, snapshot: Any = None) -> Callable[[], int | None]:
         """`step` as of now, given by the call returned (on any thread,
         later): where the backend keeps the value, read to the host only
-        then. Asked only of a state whose ``snapshots`` is true (a save
-        in the background)."""
+        then, or taken from `snapshot` (one `snapshot` just made). Asked
+        only of a state whose ``snapshots`` is true (a save in the
+        background)."""
 
     def snapshot(self, buffers: Any) -> Any:
         """A host copy with ``save(path)`` and ``release()``, written later on any thread."""

@@ -171,7 +171,6 @@ class SaveScheduler:
             self._answer(requests, *self._last_outcome)
             return
         position = self._progress.position(None)
-        step = self.trained.step_later()
         try:
             with terms.around:
                 snapshot = self.trained.snapshot(self._buffers)
@@ -179,6 +178,7 @@ class SaveScheduler:
             self._last_outcome = self._failed(CheckpointError(f"Could not copy the model's state: {error}"))
             self._answer(requests, *self._last_outcome)
             return
+        step = self.trained.step_later(snapshot)  # the step the snapshot took: no second read
         self._in_flight = requests
         self._writer.submit(snapshot, _with_step(position, step) if position is not self._progress.pinned else position,
                             "save", self._progress.metrics, self._written, self._resume_state(position),

@@ -71,8 +71,8 @@ class _Synced:
     def step(self):
         return self._inner.step()
 
-    def step_later(self):
-        return self._inner.step_later()
+    def step_later(self, snapshot: Any = None):
+        return self._inner.step_later(snapshot)
 
     def snapshot(self, buffers: Any = None):
         return self._inner.snapshot(buffers)

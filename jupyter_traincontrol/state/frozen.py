@@ -109,6 +109,15 @@ class Late:
 
             self._value, self._done = convert(keras.ops.convert_to_numpy(variable)), True
 
+    @classmethod
+    def of_frozen(cls, frozen: Any, convert: Callable[[Any], Any]) -> "Late":
+        """What `convert` makes of `frozen` (a value `freeze` made, or a
+        snapshot's host copy), made when `value` is first called: for a
+        variable a snapshot froze already, no second read."""
+        late = cls.__new__(cls)
+        late._frozen, late._convert, late._value, late._done = frozen, convert, None, False
+        return late
+
     def value(self) -> Any:
         """The converted value (a host read the first time, on the caller's thread)."""
         if not self._done:

@@ -70,14 +70,15 @@ class KerasState:
         step = optimizer_step(self.model)
         return step if step is not None or self._count is None else self._count()
 
-    def step_later(self) -> Callable[[], int | None]:
+    def step_later(self, snapshot: ModelSnapshot | None = None) -> Callable[[], int | None]:
         """`step` as of now, brought to the host when called: the training
-        thread only freezes ``optimizer.iterations`` (`frozen.Late`)."""
+        thread only freezes ``optimizer.iterations`` (`frozen.Late`), or
+        takes its value from `snapshot`, just taken (no second read)."""
         iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
         if iterations is None:
             step = self.step()
             return lambda: step
-        return Late(iterations, int).value
+        return (snapshot.late if snapshot is not None else Late)(iterations, int).value
 
     def snapshot(self, buffers: SnapshotBuffers | None) -> ModelSnapshot:
         """What ``model.save`` writes, as of now, kept while training goes

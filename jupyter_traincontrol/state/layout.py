@@ -36,7 +36,7 @@ import datetime
 import json
 import numbers
 import shutil
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .frozen import Late, host_copy
 
@@ -93,22 +93,29 @@ class SnapshotLayout:
         """True if a snapshot of `model` may reuse this layout now (cheap)."""
         return self.reusable and _variable_count(model) == self._count
 
-    def config(self, model) -> tuple[dict, str]:
+    def config(self, model, late: Callable[[Any, Callable[[Any], Any]], Late] = Late) -> tuple[dict, str]:
         """The model's serialized config with its compile config as of now,
         and the metadata (dated now). JSON them later, on any thread: the
-        config is a fresh dict, and nothing in it is ever changed."""
-        from keras.src.saving import serialization_lib
+        config is a fresh dict, and nothing in it is ever changed.
+
+        Args:
+            model: The model.
+            late: Makes the `frozen.Late` value of a variable the config
+                holds (the learning rate) from the variable and a converter:
+                a snapshot gives the value it took of it. Defaults to `Late`
+                (a read of the variable now).
+        """
         from keras.src.version import __version__
 
         config = dict(self._model_config)
-        compile_config = self._serialized_compile_config(model)
+        compile_config = self._serialized_compile_config(model, late)
         if compile_config is not None:
             config["compile_config"] = compile_config
         metadata = json.dumps({"keras_version": __version__,
                                "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S")})
         return config, metadata
 
-    def _serialized_compile_config(self, model) -> dict | None:
+    def _serialized_compile_config(self, model, late: Callable[[Any, Callable[[Any], Any]], Late]) -> dict | None:
         """The model's compile config, serialized as ``model.save`` does;
         the one serialized last while its key (`_compile_key`) is the same."""
         from keras.src.saving import serialization_lib
@@ -124,7 +131,7 @@ class SnapshotLayout:
                 self._compile_config = serialization_lib.serialize_dict(compile_config)
             self._compile_key = key
         if key is not None and key[2] is not None:
-            return _with_learning_rate(self._compile_config, key[2])
+            return _with_learning_rate(self._compile_config, late(key[2], float))
         return self._compile_config
 
 
@@ -185,14 +192,14 @@ def _plain(value: Any) -> bool:
 _SCALARS = frozenset({type(None), bool, int, float, str})
 
 
-def _with_learning_rate(serialized: dict, variable) -> dict:
+def _with_learning_rate(serialized: dict, learning_rate: Late) -> dict:
     """`serialized` (a compile config) with the optimizer's learning rate
-    as `variable` holds it now, read later (`frozen.Late`); not changed."""
+    `learning_rate` (read by whoever writes the config); not changed."""
     entry = serialized.get("optimizer")
     config = entry.get("config") if isinstance(entry, dict) else None
     if not isinstance(config, dict) or "learning_rate" not in config:
         return serialized
-    return {**serialized, "optimizer": {**entry, "config": {**config, "learning_rate": Late(variable, float)}}}
+    return {**serialized, "optimizer": {**entry, "config": {**config, "learning_rate": learning_rate}}}
 
 
 def _variable_count(model) -> int:

@@ -62,10 +62,11 @@ import json
 import shutil
 import threading
 import zipfile
+from typing import Any, Callable
 
 from ..checkpoint import NonFiniteStateError
 from .arrays import is_finite
-from .frozen import as_host_array, copy_into, freeze, host_copy, late_json, nbytes_of, view
+from .frozen import Late, as_host_array, copy_into, freeze, host_copy, late_json, nbytes_of, view
 from .layout import SnapshotLayout
 from .weights_store import weights_store
 
@@ -131,6 +132,11 @@ class ModelSnapshot:
         #: thread sets it to pace itself); None: no pause.
         self.pace = None
         self._nbytes: int | None = None
+        #: ``late(variable, convert)``: the `frozen.Late` value of one of
+        #: the model's variables as of the snapshot (the value it took, or
+        #: a read now of a variable it did not take: ``optimizer.iterations``
+        #: of a model without a layout that saves it, say).
+        self.late: Callable[[Any, Callable[[Any], Any]], Late] = Late
 
     @property
     def nbytes(self) -> int:
@@ -170,15 +176,19 @@ class ModelSnapshot:
         kept = buffers.borrow() if buffers is not None and copy else []
         arrays: list = []
         entries = []
+        taken: dict[int, object] = {}  # id of a variable -> its value taken (copy only: a view is not kept)
         try:
-            config, metadata = layout.config(model)
             for inner_path, metadata_of, items in layout.entries:
                 values = []
                 for key, value in items:
                     if isinstance(value, KerasVariable):  # else a host copy of the walk's own
-                        value = _value_of(value, copy, buffers is not None, kept, arrays)
+                        variable, value = value, _value_of(value, copy, buffers is not None, kept, arrays)
+                        if copy:
+                            taken[id(variable)] = value
                     values.append((key, value))
                 entries.append((inner_path, metadata_of, values))
+            late = _late_of(taken, now=buffers is not None and copy)
+            config, metadata = layout.config(model, late)
         except BaseException:
             if buffers is not None and copy:
                 buffers.give_back(arrays + kept[len(arrays):])
@@ -186,8 +196,10 @@ class ModelSnapshot:
                 shutil.rmtree(layout.assets_dir, ignore_errors=True)
             raise
         assets = None if layout.reusable else layout.assets_dir  # a walk of this snapshot's own
-        return cls(config, metadata, entries, assets, arrays, buffers if copy and buffers is not None else None,
-                   layout)
+        snapshot = cls(config, metadata, entries, assets, arrays, buffers if copy and buffers is not None else None,
+                       layout)
+        snapshot.late = late
+        return snapshot
 
     def non_finite(self) -> list[str]:
         """The variables holding a NaN or an infinity (``layers/dense/vars/0``);
@@ -240,6 +252,24 @@ class ModelSnapshot:
         assets, self._assets_dir = self._assets_dir, None
         if assets is not None:
             shutil.rmtree(assets, ignore_errors=True)
+
+
+def _late_of(taken: dict[int, Any], now: bool) -> Callable[[Any, Callable[[Any], Any]], Late]:
+    """`ModelSnapshot.late` for the values `taken` (by id of their variable):
+    a variable the snapshot took is not read a second time. `now`: the
+    values are host copies in arrays a later snapshot reuses, converted at
+    once (no device read: a few microseconds)."""
+
+    def late(variable, convert: Callable[[Any], Any]) -> Late:
+        found = taken.get(id(variable))
+        if found is None:
+            return Late(variable, convert)
+        made = Late.of_frozen(found, convert)
+        if now:
+            made.value()
+        return made
+
+    return late
 
 
 def _value_of(variable, copy: bool, into_buffers: bool, kept: list, arrays: list):

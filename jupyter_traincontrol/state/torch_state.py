@@ -117,13 +117,8 @@ class TorchState:
     def step(self) -> int | None:
         return self._step()
 
-    def step_later(self) -> Callable[[], int | None]:
-        """`step` now: the loop counts it in Python."""
-        step = self.step()
-        return lambda: step
-
-    def step_later(self) -> Callable[[], int | None]:
-        """`step` now (nothing to read later)."""
+    def step_later(self, snapshot: Any = None) -> Callable[[], int | None]:
+        """`step` now: the loop counts it in Python (`snapshot` is not needed)."""
         step = self.step()
         return lambda: step
 
