@@ -328,6 +328,25 @@ def test_the_history_keeps_the_last_fifty_runs_of_the_last_seven_days(runtime_di
     assert not oldest.exists()  # removed by the next sweep
 
 
+def test_a_name_many_runs_reused_keeps_its_newest_in_the_history_and_pushes_no_other_run_out(runtime_dir):
+    """A loop of `fit` calls with one named callback is a run each: the
+    history keeps the newest few of that name, and the runs of other names
+    stay listed."""
+    from jupyter_traincontrol.registry import read_tombstone
+    from jupyter_traincontrol.registry.tombstones import HISTORY_RUNS_PER_NAME
+
+    now = time.time()
+    names = ["before", "other"] + ["loop"] * (HISTORY_RUNS_PER_NAME + 3)
+    for number, name in enumerate(names):
+        folder = RunFolder.claim(name)
+        folder.write_record({"state": "finished", "started": float(number), "ended": now - 100 + number})
+        folder.release()
+    history = [(record["name"], record["started"]) for record in list_runs(ended=True)]
+    newest_loops = range(len(names) - HISTORY_RUNS_PER_NAME, len(names))
+    assert history == [("before", 0.0), ("other", 1.0)] + [("loop", float(number)) for number in newest_loops]
+    assert read_tombstone("loop")["started"] == float(len(names) - 1)
+
+
 def test_a_malformed_tombstone_is_skipped_and_reported_once(runtime_dir, caplog):
     folder = RunFolder.claim("fine")
     folder.write_record({"state": "stopped"})

@@ -15,7 +15,7 @@ this optimizer refuses, a ``rollback`` to a checkpoint it does not have);
 7 ``--wait`` timed out before the run acknowledged the command (a run
 still ``starting``, whose code has not called ``fit`` yet, is said to be).
 
-``list --all`` also shows the ended runs of the last 7 days (at most 50),
+``list --all`` also shows the ended runs of the last 7 days (at most 50, 5 of one name),
 with how each ended (``end_reason``), after kernel and server restarts too.
 """
 
@@ -204,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     list_parser.add_argument("--json", action="store_true", help="print a JSON array of run records")
     list_parser.add_argument(
         "--all", action="store_true",
-        help="also the ended runs of the last 7 days (at most 50), after a kernel or server restart too, "
-        "with how each ended (end_reason) and its checkpoints",
+        help="also the ended runs of the last 7 days (at most 50, 5 of one name), after a kernel or server "
+        "restart too, with how each ended (end_reason) and its checkpoints",
     )
     list_parser.set_defaults(handler=_command_list)
 

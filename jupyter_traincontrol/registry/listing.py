@@ -37,7 +37,7 @@ def list_runs(root: Path | None = None, *, clean: bool = True, ended: bool = Fal
         root: The registry folder. Defaults to `registry_root()`.
         clean: Remove the folders of runs whose process is gone (their
             last records go to the history).
-        ended: Also the history's ended runs (`tombstones`: the last 50, at
+        ended: Also the history's ended runs (`tombstones`: the last 50, 5 of one name, at
             most 7 days old), with ``live: False`` and their ``end_reason``.
 
     Returns:

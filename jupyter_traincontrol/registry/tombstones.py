@@ -15,8 +15,10 @@ then kept in ``.ended/`` (a tombstone): its final state, how it ended
 A record found active whose process is gone (killed, or a kernel ended
 before its run could stop) is kept too, as it was, with ``end_reason``
 ``process-gone``. The history is bounded: the newest `HISTORY_RUNS` runs,
-none ended more than `HISTORY_SECONDS` ago; each tombstone's modification
-time is when its run ended.
+at most `HISTORY_RUNS_PER_NAME` of one name (a loop of `fit` calls under
+one name, a run each, does not push every other run out), none ended
+more than `HISTORY_SECONDS` ago; each tombstone's modification time is
+when its run ended.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from ..system.private_fs import check_private, write_json_atomic
 from .paths import RECORD_NAME, TOMBSTONES_FOLDER, read_record_text, registry_root
 
 __all__ = ["keep_tombstone", "read_tombstone", "ended_runs", "remove_old_tombstones", "HISTORY_RUNS",
-           "HISTORY_SECONDS"]
+           "HISTORY_RUNS_PER_NAME", "HISTORY_SECONDS"]
 
 #: How many ended runs the history keeps at most.
 HISTORY_RUNS = 50
+#: How many ended runs of one name the history keeps at most (the newest).
+HISTORY_RUNS_PER_NAME = 5
 #: How long an ended run stays in the history.
 HISTORY_SECONDS = 7 * 24 * 3600.0
 
@@ -123,16 +127,22 @@ def ended_runs(root: Path | None = None) -> tuple[list[dict[str, Any]], list[tup
 
 
 def remove_old_tombstones(root: Path) -> None:
-    """Bounds the history: removes tombstones beyond the newest `HISTORY_RUNS`
-    and those of runs ended more than `HISTORY_SECONDS` ago."""
-    entries = sorted(((entry, _mtime(entry)) for entry, _name in _entries(root)), key=lambda item: -item[1])
+    """Bounds the history: removes tombstones beyond the newest `HISTORY_RUNS`,
+    beyond the newest `HISTORY_RUNS_PER_NAME` of their name, and those of
+    runs ended more than `HISTORY_SECONDS` ago."""
+    entries = sorted(((entry, name, _mtime(entry)) for entry, name in _entries(root)), key=lambda item: -item[2])
     horizon = time.time() - HISTORY_SECONDS
-    for index, (entry, mtime) in enumerate(entries):
-        if index >= HISTORY_RUNS or mtime < horizon:
+    of_name: dict[str, int] = {}
+    kept = 0
+    for entry, name, mtime in entries:
+        of_name[name] = of_name.get(name, 0) + 1
+        if kept < HISTORY_RUNS and of_name[name] <= HISTORY_RUNS_PER_NAME and mtime >= horizon:
+            kept += 1
+        else:
             try:
                 os.unlink(entry.path)
             except OSError:
-                continue
+                pass  # gone already, or not ours to remove: the next sweep tries again
 
 
 def _file_name(record: dict[str, Any]) -> str:
