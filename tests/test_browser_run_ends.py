@@ -10,6 +10,7 @@ under ``test-artifacts/browser/``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 
 import pytest
@@ -33,6 +34,7 @@ from browser_harness import (  # noqa: F401  (browser, page, jupyter: fixtures)
     words,
 )
 from helpers import read_sidecar, wait_until
+from jupyter_traincontrol.notebook.output_mime import RUN_MIME_TYPE
 
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(400)]
 
@@ -164,6 +166,30 @@ def test_ended_runs_stay_listed_with_how_they_ended_across_kernel_and_server_res
     open_side_panel(page)
     check("after a server restart")
     screenshot(page, "lab-1400-ended-runs-after-server-restart")
+
+
+@pytest.mark.parametrize("app", ["lab", "notebook"])
+def test_a_run_the_history_let_go_is_named_in_its_place_without_claiming_checkpoints(app, jupyter, page, tmp_path):
+    """A notebook opened long after its run (gone from the server's
+    history): the output's place names the run, says why the server does
+    not list it, and where its checkpoints would be, not that there are
+    any (a run that wrote none left no folder)."""
+    server = jupyter(app)
+    notebook = json.loads(notebook_json(["# trained last month"]))
+    run = {"name": "long-gone", "run_id": "0" * 32, "checkpoint_dir": str(tmp_path / "ck" / "long-gone")}
+    notebook["cells"][0]["outputs"] = [{"output_type": "display_data", "metadata": {},
+                                        "data": {RUN_MIME_TYPE: run, "text/plain": "run long-gone"}}]
+    (server.root / "old.ipynb").write_text(json.dumps(notebook))
+    open_notebook(page, server, "old.ipynb")
+    place = place_of(page, 0, "long-gone")
+    place.locator(".jp-mod-unlisted").wait_for()
+    wait_until(lambda: "lists no such run" in words(place), timeout=30, message="the server's answer")
+    text = words(place)
+    assert "its history keeps ended runs for 7 days (the last 50, 5 of one name)" in text
+    assert f"checkpoints, if it wrote any, in {run['checkpoint_dir']}" in text.replace("\n", "")
+    for width in (1400, 600):
+        page.set_viewport_size({"width": width, "height": 900})
+        screenshot(place, f"{app}-{width}-run-place-unlisted")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nbclassic") is None,

@@ -117,10 +117,11 @@ export class RunPlace extends Widget implements IRenderMime.IRenderer {
       ? 'Looking for this run on the server…'
       : error
         ? `Cannot ask the server about this run: ${error.message}`
-        : 'The server lists no such run any more: its history keeps ended runs for 7 days (the last 50).';
+        : 'The server lists no such run any more: its history keeps ended runs for 7 days (the last 50, 5 of one name).';
     body.append(head, text('div', 'jp-TrainControl-outcomeText', why));
     if (ref.checkpoint_dir) {
-      const folder = text('div', 'jp-TrainControl-checkpointLabel', 'checkpoints in ');
+      // What the folder holds now is not known here (a run that wrote none left none).
+      const folder = text('div', 'jp-TrainControl-checkpointLabel', 'checkpoints, if it wrote any, in ');
       const path = text('span', 'jp-TrainControl-checkpointDir', '');
       setBreakablePath(path, ref.checkpoint_dir);
       folder.appendChild(path);
