@@ -176,7 +176,7 @@ class ModelSnapshot:
         kept = buffers.borrow() if buffers is not None and copy else []
         arrays: list = []
         entries = []
-        taken: dict[int, object] = {}  # id of a variable -> its value taken (copy only: a view is not kept)
+        taken: dict[int, Any] = {}  # id of a variable -> its value taken (copy only: a view is not kept)
         try:
             for inner_path, metadata_of, items in layout.entries:
                 values = []
