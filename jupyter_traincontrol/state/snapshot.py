@@ -61,6 +61,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 import zipfile
 from typing import Any, Callable
 
@@ -118,11 +119,11 @@ class ModelSnapshot:
             snapshot of the same model if `SnapshotLayout.fits` it).
     """
 
-    def __init__(self, config, metadata_json: str, entries: list, assets_dir: str | None,
+    def __init__(self, config, saved_at: float, entries: list, assets_dir: str | None,
                  arrays: list | None = None, buffers: SnapshotBuffers | None = None,
                  layout: SnapshotLayout | None = None):
         self._config = config  # the serialized model (a dict), or its JSON
-        self._metadata_json = metadata_json
+        self._saved_at = saved_at  # time.time() when taken: the file's metadata is dated then
         self._entries = entries  # [(inner path, metadata, [(key, frozen value)])]
         self._assets_dir = assets_dir
         self._arrays = arrays or []  # the reusable host arrays among the values, in order
@@ -188,7 +189,7 @@ class ModelSnapshot:
                     values.append((key, value))
                 entries.append((inner_path, metadata_of, values))
             late = _late_of(taken, now=buffers is not None and copy)
-            config, metadata = layout.config(model, late)
+            config = layout.config(model, late)
         except BaseException:
             if buffers is not None and copy:
                 buffers.give_back(arrays + kept[len(arrays):])
@@ -196,8 +197,8 @@ class ModelSnapshot:
                 shutil.rmtree(layout.assets_dir, ignore_errors=True)
             raise
         assets = None if layout.reusable else layout.assets_dir  # a walk of this snapshot's own
-        snapshot = cls(config, metadata, entries, assets, arrays, buffers if copy and buffers is not None else None,
-                       layout)
+        snapshot = cls(config, time.time(), entries, assets, arrays,
+                       buffers if copy and buffers is not None else None, layout)
         snapshot.late = late
         return snapshot
 
@@ -222,7 +223,7 @@ class ModelSnapshot:
             raise NonFiniteStateError(bad)
         config = self._config if isinstance(self._config, str) else json.dumps(self._config, default=late_json)
         with open(path, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
-            archive.writestr(saving_lib._METADATA_FILENAME, self._metadata_json)
+            archive.writestr(saving_lib._METADATA_FILENAME, SnapshotLayout.metadata(self._saved_at))
             archive.writestr(saving_lib._CONFIG_FILENAME, config)
             store = weights_store(archive)
             store.pace = self.pace
