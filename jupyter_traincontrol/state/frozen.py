@@ -40,7 +40,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 __all__ = ["freeze", "view", "copy_into", "host_copy", "copies_in_place", "as_host_array", "nbytes_of", "Late",
-           "late_json"]
+           "MakeLate", "late_json"]
 
 
 def copies_in_place() -> bool:
@@ -123,6 +123,11 @@ class Late:
         if not self._done:
             self._value, self._done = self._convert(as_host_array(self._frozen)), True
         return self._value
+
+
+#: Makes the `Late` value of a Keras variable with a converter: `Late`
+#: itself (a read now), or a snapshot's (`ModelSnapshot.late`: the value it took).
+MakeLate = Callable[[Any, Callable[[Any], Any]], Late]
 
 
 def late_json(value: Any) -> Any:

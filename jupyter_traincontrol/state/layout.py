@@ -37,9 +37,9 @@ import datetime
 import json
 import numbers
 import shutil
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-from .frozen import Late, host_copy
+from .frozen import Late, MakeLate, host_copy
 
 __all__ = ["SnapshotLayout"]
 
@@ -94,7 +94,7 @@ class SnapshotLayout:
         """True if a snapshot of `model` may reuse this layout now (cheap)."""
         return self.reusable and _variable_count(model) == self._count
 
-    def config(self, model, late: Callable[[Any, Callable[[Any], Any]], Late] = Late) -> dict:
+    def config(self, model, late: MakeLate = Late) -> dict:
         """The model's serialized config with its compile config as of now.
         JSON it later, on any thread: the config is a fresh dict, and
         nothing in it is ever changed.
@@ -124,7 +124,7 @@ class SnapshotLayout:
         date = datetime.datetime.fromtimestamp(saved_at).strftime("%Y-%m-%d@%H:%M:%S")
         return json.dumps({"keras_version": __version__, "date_saved": date})
 
-    def _serialized_compile_config(self, model, late: Callable[[Any, Callable[[Any], Any]], Late]) -> dict | None:
+    def _serialized_compile_config(self, model, late: MakeLate) -> dict | None:
         """The model's compile config, serialized as ``model.save`` does;
         the one serialized last while its key (`_compile_key`) is the same."""
         from keras.src.saving import serialization_lib
@@ -140,7 +140,7 @@ class SnapshotLayout:
                 self._compile_config = serialization_lib.serialize_dict(compile_config)
             self._compile_key = key
         if key is not None and key[2] is not None:
-            return _with_learning_rate(self._compile_config, late(key[2], float))
+            return _with_learning_rate(self._compile_config, key[2], late)
         return self._compile_config
 
 
@@ -201,14 +201,15 @@ def _plain(value: Any) -> bool:
 _SCALARS = frozenset({type(None), bool, int, float, str})
 
 
-def _with_learning_rate(serialized: dict, learning_rate: Late) -> dict:
+def _with_learning_rate(serialized: dict, variable, late: MakeLate) -> dict:
     """`serialized` (a compile config) with the optimizer's learning rate
-    `learning_rate` (read by whoever writes the config); not changed."""
+    as `variable` holds it now (`late` of it: read by whoever writes the
+    config); not changed."""
     entry = serialized.get("optimizer")
     config = entry.get("config") if isinstance(entry, dict) else None
     if not isinstance(config, dict) or "learning_rate" not in config:
         return serialized
-    return {**serialized, "optimizer": {**entry, "config": {**config, "learning_rate": learning_rate}}}
+    return {**serialized, "optimizer": {**entry, "config": {**config, "learning_rate": late(variable, float)}}}
 
 
 def _variable_count(model) -> int:

@@ -67,7 +67,7 @@ from typing import Any, Callable
 
 from ..checkpoint import NonFiniteStateError
 from .arrays import is_finite
-from .frozen import Late, as_host_array, copy_into, freeze, host_copy, late_json, nbytes_of, view
+from .frozen import Late, MakeLate, as_host_array, copy_into, freeze, host_copy, late_json, nbytes_of, view
 from .layout import SnapshotLayout
 from .weights_store import weights_store
 
@@ -137,7 +137,7 @@ class ModelSnapshot:
         #: the model's variables as of the snapshot (the value it took, or
         #: a read now of a variable it did not take: ``optimizer.iterations``
         #: of a model without a layout that saves it, say).
-        self.late: Callable[[Any, Callable[[Any], Any]], Late] = Late
+        self.late: MakeLate = Late
 
     @property
     def nbytes(self) -> int:
@@ -255,7 +255,7 @@ class ModelSnapshot:
             shutil.rmtree(assets, ignore_errors=True)
 
 
-def _late_of(taken: dict[int, Any], now: bool) -> Callable[[Any, Callable[[Any], Any]], Late]:
+def _late_of(taken: dict[int, Any], now: bool) -> MakeLate:
     """`ModelSnapshot.late` for the values `taken` (by id of their variable):
     a variable the snapshot took is not read a second time. `now`: the
     values are host copies in arrays a later snapshot reuses, converted at
