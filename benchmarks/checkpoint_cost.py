@@ -37,14 +37,15 @@ time is made of.
 
 With ``--peers`` it measures instead our background save beside the best
 async checkpointer of each backend (TensorFlow's async ``tf.train.Checkpoint``,
-JAX's Orbax ``CheckpointManager``), each backend in a process of its own:
+JAX's Orbax ``CheckpointManager``, PyTorch's Distributed Checkpoint
+``async_save``), each backend in a process of its own:
 the training thread's hold, the steps right after and during the write,
 and the memory kept (`checkpoint_peers`).
 
 Usage::
 
     python benchmarks/checkpoint_cost.py               # 1, 50 and 500 MB, both spacings, 11 rounds
-    python benchmarks/checkpoint_cost.py --peers       # 50 and 500 MB, TensorFlow and JAX beside their peers
+    python benchmarks/checkpoint_cost.py --peers       # 50 and 500 MB, each backend beside its peer
     python benchmarks/checkpoint_cost.py --sizes 1,50 --spacing back-to-back
     python benchmarks/checkpoint_cost.py --quick       # 1 MB, written-back, 2 rounds (a smoke run)
 """
@@ -372,7 +373,7 @@ SPACINGS = {"written-back": True, "back-to-back": False}
 MEMORY_COLUMNS = ("model.save peak", "first save peak", "later save peak", "kept after write", "host copy")
 
 
-PEER_BACKENDS = ("tensorflow", "jax")
+PEER_BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def run_peers(args, argv) -> int:
@@ -401,7 +402,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default=None, help="checkpoint sizes in MB, comma-separated (default 1,50,500; "
                                                       "50,500 with --peers)")
     parser.add_argument("--peers", action="store_true",
-                        help="our background save beside TF's async checkpoint and Orbax, per backend")
+                        help="our background save beside the backend's async checkpointer (TF async, Orbax, torch DCP)")
     parser.add_argument("--backend", choices=[*PEER_BACKENDS, "all"], default="all",
                         help="with --peers: the backend to measure; all: each in its own process (default all)")
     parser.add_argument("--foreground", action="store_true",

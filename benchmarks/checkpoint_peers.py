@@ -1,7 +1,7 @@
 """Our background save beside the best async checkpointer of the backend, in one `fit`.
 
-Run through ``checkpoint_cost.py --peers`` (TensorFlow and JAX, each in a
-process of its own: the backend is fixed when Keras is imported). For each
+Run through ``checkpoint_cost.py --peers`` (each backend in a process of
+its own: the backend is fixed when Keras is imported). For each
 size, one real `fit` of the one-layer Adam model of ``checkpoint_cost.py``
 (callbacks ``[probe, ControlCallback, stopwatch]``) alternates, round after
 round in a rotating order:
@@ -18,7 +18,11 @@ round in a rotating order:
   model's and optimizer's ``tf.Variable``s: a Keras 3 model itself is not
   a checkpointable of that API), on JAX Orbax's ``CheckpointManager``
   (``enable_async_checkpointing=True``, ``max_to_keep=3``) saving the
-  arrays the trainer holds (``StandardSave``); held is the call.
+  arrays the trainer holds (``StandardSave``), on torch PyTorch's
+  Distributed Checkpoint ``async_save`` of the variables' tensors (no
+  process group: one process; it stages a CPU copy, then writes on a
+  thread; the folders beyond the newest 3 are removed as each write
+  ends); held is the call.
 
 Around each save the probe times the training steps themselves (from the
 first callback's batch begin to its batch end, so no hook is counted):
@@ -42,7 +46,9 @@ example in a venv of its own that sees the test environment's packages::
 from __future__ import annotations
 
 import os
+import shutil
 import time
+import warnings
 from pathlib import Path
 
 import _common
@@ -90,6 +96,41 @@ class TensorFlowPeer:
         self.wait()
 
 
+class TorchPeer:
+    """PyTorch Distributed Checkpoint's ``async_save`` of the model's and optimizer's tensors."""
+
+    name = "torch.distributed.checkpoint.async_save"
+
+    def __init__(self, model, folder: Path, keep: int = 3):
+        import torch.distributed.checkpoint as dcp
+
+        # Said at each save, on the writer's thread too: one process is what is measured.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        self.dcp, self.folder, self.keep = dcp, folder, keep
+        self.future, self.count = None, 0
+
+    def save(self, model) -> None:
+        self.wait()  # one write at a time, as ours
+        state = {f"v{index}": variable.value
+                 for index, variable in enumerate([*model.variables, *model.optimizer.variables])}
+        self.count += 1
+        self.future = self.dcp.async_save(state, checkpoint_id=str(self.folder / f"step-{self.count}"))
+
+    @property
+    def busy(self) -> bool:
+        return self.future is not None and not self.future.done()
+
+    def wait(self) -> None:
+        if self.future is not None:
+            self.future.result()
+            self.future = None
+            for old in range(1, self.count - self.keep + 1):
+                shutil.rmtree(self.folder / f"step-{old}", ignore_errors=True)
+
+    def close(self) -> None:
+        self.wait()
+
+
 class OrbaxPeer:
     """Orbax's ``CheckpointManager`` with async checkpointing, saving the trainer's arrays."""
 
@@ -124,7 +165,7 @@ class OrbaxPeer:
 
 
 def make_peer(model, folder: Path, keep: int = 3):
-    """The peer of the backend in use, or None (torch: none named)."""
+    """The async checkpointer of the backend in use (None for another backend than these three)."""
     import keras
 
     backend = keras.backend.backend()
@@ -136,6 +177,8 @@ def make_peer(model, folder: Path, keep: int = 3):
         except ImportError:
             raise SystemExit("checkpoint_cost.py --peers on JAX needs orbax-checkpoint: see the docstring of "
                              "benchmarks/checkpoint_peers.py for how to install it beside the test environment.")
+    if backend == "torch":
+        return TorchPeer(model, folder, keep)
     return None
 
 

@@ -47,8 +47,30 @@ def test_overhead_short_fits_measures_a_loop_of_fits_with_the_defaults(tmp_path)
     assert "; 20 fits with a new unnamed ControlCallback each: " in summary
 
 
-def quick_run(script: str, tmp_path, *options: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs ``benchmarks/SCRIPT.py --quick``; checks its summary line and that it cleaned up."""
+def test_gpu_benchmark_measures_every_part_beside_its_peer(tmp_path):
+    """``gpu.py`` on torch (on CPU here): the step overhead, the stop, the
+    save hold against model.save and beside PyTorch's async checkpointer."""
+    result = quick_run("gpu", tmp_path, "--backend", "torch")
+    for part in ("\n1. Step overhead: ", "\n2. Stop: 2 stops ", "\n3. Save hold against model.save",
+                 "our save command beside torch.distributed.checkpoint.async_save"):
+        assert part in result.stdout
+    assert "skipped" not in result.stdout
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith("SUMMARY gpu: torch: overhead 1 ms ") and " held " in summary
+
+
+def test_gpu_benchmark_starts_nothing_once_its_budget_is_spent(tmp_path):
+    """A lease is minutes: past ``--budget-s`` each part is skipped, saying so."""
+    result = quick_run("gpu", tmp_path, "--backend", "torch", "--budget-s", "0", measured=False)
+    for part in ("step overhead", "stop latency", "saves of 0.001 GB"):
+        assert f"(skipped: {part}, the --budget-s is spent)" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "SUMMARY gpu: torch: nothing measured"
+
+
+def quick_run(script: str, tmp_path, *options: str, timeout: float = 120, measured: bool = True
+              ) -> subprocess.CompletedProcess:
+    """Runs ``benchmarks/SCRIPT.py --quick``; checks its summary line (with
+    figures, if `measured`) and that it cleaned up."""
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--quick", "--dir", str(tmp_path), *options],
         capture_output=True, text=True, timeout=timeout, env=child_env(),
@@ -56,7 +78,7 @@ def quick_run(script: str, tmp_path, *options: str, timeout: float = 120) -> sub
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines and lines[-1].startswith(f"SUMMARY {script}: "), result.stdout[-2000:]
-    assert "x" in lines[-1] or "ms" in lines[-1]
+    assert not measured or "x" in lines[-1] or "ms" in lines[-1]
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("traincontrol-bench-")]
     assert leftovers == []  # the scratch folder (checkpoints, FIFOs, runs) is gone
     return result
