@@ -83,6 +83,8 @@ def device_name() -> str:
 #: The widest MLP tried: 4 layers of 24576 units are 2.4e9 weights, about 40 GB with Adam's moments and
 #: the gradients (the one before it may not be freed yet).
 MOST_WIDTH = 24576
+#: Batches a width's step is timed on, while searching.
+SEARCH_BATCHES = 40
 #: Step ms to the width found for it in this process (a later search for it starts there).
 WIDTHS: dict[float, int] = {}
 
@@ -91,12 +93,17 @@ def model_for_step(step_ms: float, x, y, seed: int, quick: bool, width: int = 25
     """An MLP widened from `width` units (by 1.4-2x at a time) until a plain step takes `step_ms`; with its
     step time and width (the next, longer step's search starts there)."""
     width = 64 if quick else WIDTHS.get(step_ms, width)
+    x, y = x[:SEARCH_BATCHES * BATCH_SIZE], y[:SEARCH_BATCHES * BATCH_SIZE]
     while True:
+        started = time.perf_counter()
         model = _common.dense_model(FEATURES, [width] * 4, seed=seed)
         model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0)  # compile once
         begin = time.perf_counter()
         model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, shuffle=False, verbose=0)
         step = (time.perf_counter() - begin) / (len(x) // BATCH_SIZE)
+        # Said as it goes: where a lease's minutes went, even if the run is cut short.
+        print(f"  (for {step_ms:g} ms steps: {width} units, {step * 1e3:.2f} ms a step; built, compiled and timed "
+              f"in {time.perf_counter() - started:.1f} s)", flush=True)
         if quick or step * 1e3 >= 0.8 * step_ms or width >= MOST_WIDTH:
             WIDTHS[step_ms] = width
             return model, step, width
@@ -130,6 +137,7 @@ def step_overhead(folder: Path, rounds: int, quick: bool, seed: int) -> list[lis
         ratio = _common.median(_common.paired_ratios(times, "plain")["control"])
         rows.append([f"{step_ms} ms", step * 1e3, _common.median(times["plain"]) / batches * 1e3,
                      _common.median(times["control"]) / batches * 1e3, ratio])
+        print(f"  ({step_ms} ms steps: control / plain {ratio:.3f}x)", flush=True)
     return rows
 
 

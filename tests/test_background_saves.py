@@ -221,6 +221,46 @@ def test_a_snapshot_gives_the_step_and_learning_rate_it_took_without_reading_the
     assert ModelSnapshot.take(model).late(model.optimizer.iterations, int).value() == int(model.optimizer.iterations)
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="torch updates its variables in place: the backend that copies them")
+def test_on_torch_a_tensor_on_an_accelerator_is_copied_there_and_only_the_writer_brings_it_to_the_host(
+        make_model, tiny_data, tmp_path, monkeypatch):
+    """A snapshot on torch keeps a tensor on a CUDA device as a copy queued
+    there (`frozen.freeze`), not a host copy made on the training thread
+    (on an H200 that held training 0.7-0.8 s for 1 GB); the writer brings
+    it to the host. No CUDA device here: `freeze` gives the copy it gives
+    for one, and the host transfer is watched for the thread it runs on."""
+    from jupyter_traincontrol.state import snapshot as snapshot_module
+
+    model = make_model()
+    _fit(model, tiny_data)
+    copied_on_device = []
+
+    def device_copy(variable):  # frozen.freeze of a CUDA tensor: value.detach().clone(), queued on the device
+        copied_on_device.append(variable.path)
+        return variable.value.detach().clone()
+
+    to_host = frozen.torch_on_host
+    brought_by = []
+    monkeypatch.setattr(snapshot_module, "freeze", device_copy)
+    monkeypatch.setattr(frozen, "torch_on_host", lambda t: brought_by.append(threading.current_thread().name) or to_host(t))
+    state, buffers = KerasState(model), SnapshotBuffers()
+    boundary, boundary_step = _state(model), int(model.optimizer.iterations)
+    snapshot = state.snapshot(buffers)
+    step = state.step_later(snapshot)
+    assert len(copied_on_device) == len(model.weights) + len(model.optimizer.variables)
+    assert snapshot._arrays == [] and brought_by == []  # nothing copied to the host on the training thread
+    _fit(model, tiny_data)  # training goes on before the file is written
+    writer = threading.Thread(target=lambda: (snapshot.save(tmp_path / "device.keras"), step()), name="writer")
+    writer.start()
+    writer.join()
+    snapshot.release()
+    assert brought_by and set(brought_by) == {"writer"}
+    assert step() == boundary_step < int(model.optimizer.iterations)
+    for saved, taken in zip(_loaded_state(tmp_path / "device.keras"), boundary, strict=True):
+        assert np.array_equal(saved, taken)
+    assert buffers.nbytes == 0  # no host copy kept between saves
+
+
 def test_a_background_save_records_the_step_learning_rate_and_seeds_of_its_boundary(make_model, tiny_data, tmp_path):
     """What a checkpoint records of the optimizer and the random state is
     brought to the host by its writer (`frozen.Late`), but is that of its

@@ -18,9 +18,11 @@ that costs the training thread depends on how the backend updates state:
   the device copies in device memory, at its own speed), which the writer
   thread brings to the host.
 - torch (and anything else): variables are updated in place, so the value
-  is copied (`copy_into`), into host arrays the run reuses from one
-  snapshot to the next (`SnapshotBuffers`), or on the device for a CUDA
-  tensor.
+  is copied: a CUDA tensor on its device (a queued copy, brought to the
+  host by the writer thread on a stream of its own), else into host arrays
+  the run reuses from one snapshot to the next (`copy_into`,
+  `SnapshotBuffers`). On an H200, 1 GB copied to the host held training
+  690-824 ms a save (torch 2.11, measured before the device copy).
 
 `view` is the other case: a value read without a copy for a writer the
 training thread waits for (a ``stop``'s checkpoint).
@@ -39,8 +41,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["freeze", "view", "copy_into", "host_copy", "copies_in_place", "as_host_array", "nbytes_of", "Late",
-           "MakeLate", "late_json"]
+__all__ = ["freeze", "view", "copy_into", "host_copy", "copies_in_place", "as_host_array", "torch_on_host", "nbytes_of",
+           "Late", "MakeLate", "late_json"]
 
 
 def copies_in_place() -> bool:
@@ -210,8 +212,24 @@ def as_host_array(value: Any) -> Any:
     if isinstance(value, (np.ndarray, str, bytes, int, float, bool)) or value is None or np.isscalar(value):
         return value
     if hasattr(value, "detach"):  # a torch tensor
-        return value.detach().cpu().numpy()
+        return torch_on_host(value.detach()).numpy()
     return np.asarray(value)
+
+
+def torch_on_host(tensor) -> Any:
+    """A torch tensor on the host. From a CUDA device it is copied on a
+    stream of its own, once the work queued so far on the device's current
+    stream (where Keras queues training, and where `freeze` queued the
+    copy) has run: the copy waits for the steps already queued, and later
+    steps do not wait for it."""
+    if tensor.device.type != "cuda":
+        return tensor.cpu()
+    import torch
+
+    side = torch.cuda.Stream(device=tensor.device)
+    side.wait_stream(torch.cuda.current_stream(tensor.device))
+    with torch.cuda.stream(side):
+        return tensor.to("cpu")  # waits for the copy (on `side` only)
 
 
 def nbytes_of(value: Any) -> int:

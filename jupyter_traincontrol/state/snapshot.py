@@ -13,13 +13,13 @@ training cannot change: on TensorFlow a read of the variable (its buffers
 are copy-on-write, so the step that next updates it copies it, on the
 device), on JAX a host view of the trainer's array on CPU (its buffer is
 then kept rather than donated to the next step) or a queued device-side
-copy on an accelerator, and on torch (updated in place) a host copy. So on
-TensorFlow and JAX a snapshot costs the training thread microseconds per
-variable and keeps no host copy of its own; the writer thread brings
-device values to the host.
+copy on an accelerator, and on torch (updated in place) a queued copy on
+a CUDA device, else a host copy. So, but for torch on the CPU, a snapshot
+costs the training thread microseconds per variable and keeps no host
+copy of its own; the writer thread brings device values to the host.
 
-A host copy (torch, or a variable with no such value) goes into the arrays
-of `SnapshotBuffers` when one is given: the arrays of the previous
+A host copy (torch on the CPU, or a variable with no such value) goes into
+the arrays of `SnapshotBuffers` when one is given: the arrays of the previous
 snapshot, kept by the run and reused, so a snapshot writes into memory
 that is already mapped. Allocating hundreds of MB afresh for every
 snapshot costs more than the copy itself: the first touch of each page is
@@ -45,8 +45,9 @@ as it writes a model (same staging, renames and intent record).
 Memory: until it is dropped, a snapshot holds what its values hold: on
 TensorFlow and JAX the buffers of its boundary (which training would
 otherwise have reused: one more copy of the state, in device memory,
-while its file is written); on torch one host copy of the variables and
-the optimizer's (for Adam, three times the weights), kept by the run from
+while its file is written), and so on torch on a CUDA device; on torch on
+the CPU one host copy of the variables and the optimizer's (for Adam,
+three times the weights), kept by the run from
 its first snapshot until it calls `SnapshotBuffers.clear`
 (`SaveScheduler.close`, at the end of `fit`).
 
@@ -67,7 +68,8 @@ from typing import Any, Callable
 
 from ..checkpoint import NonFiniteStateError
 from .arrays import is_finite
-from .frozen import Late, MakeLate, as_host_array, copy_into, freeze, host_copy, late_json, nbytes_of, view
+from .frozen import (Late, MakeLate, as_host_array, copies_in_place, copy_into, freeze, host_copy, late_json, nbytes_of,
+                     view)
 from .layout import SnapshotLayout
 from .weights_store import weights_store
 
@@ -258,15 +260,17 @@ class ModelSnapshot:
 def _late_of(taken: dict[int, Any], now: bool) -> MakeLate:
     """`ModelSnapshot.late` for the values `taken` (by id of their variable):
     a variable the snapshot took is not read a second time. `now`: the
-    values are host copies in arrays a later snapshot reuses, converted at
-    once (no device read: a few microseconds)."""
+    host arrays among them are copies in arrays a later snapshot reuses,
+    converted at once (a few microseconds; a value still on a device is
+    brought to the host by the writer, as on the other backends)."""
+    import numpy as np
 
     def late(variable, convert: Callable[[Any], Any]) -> Late:
         found = taken.get(id(variable))
         if found is None:
             return Late(variable, convert)
         made = Late.of_frozen(found, convert)
-        if now:
+        if now and isinstance(found, np.ndarray):
             made.value()
         return made
 
@@ -274,13 +278,15 @@ def _late_of(taken: dict[int, Any], now: bool) -> MakeLate:
 
 
 def _value_of(variable, copy: bool, into_buffers: bool, kept: list, arrays: list):
-    """A Keras variable's value for a snapshot: a view (``copy=False``), a
-    host copy into the next kept array (`into_buffers`), or frozen the
-    backend's way, else a new host copy."""
+    """A Keras variable's value for a snapshot: a view (``copy=False``),
+    frozen the backend's way, else a host copy (into the next array `kept`
+    from an earlier snapshot; appended to `arrays`). With `into_buffers`
+    only a backend that updates in place freezes (torch: a tensor on a CUDA
+    device, copied there); others copy every value into the buffers."""
     if not copy:
         found = view(variable)
         return found if found is not None else host_copy(variable)
-    if not into_buffers:
+    if not into_buffers or copies_in_place():
         found = freeze(variable)
         if found is not None:
             return found

@@ -5,8 +5,9 @@
 a checkpoint is one ``.pt`` file, ``torch.save`` of ``{name: state_dict}``,
 loaded back with ``torch.load(..., weights_only=True)`` (tensors and plain
 containers only: no code runs at load) and each object's
-``load_state_dict``. A snapshot copies every tensor to host memory at the
-boundary (the background writer then writes it while training goes on);
+``load_state_dict``. A snapshot copies every tensor at the boundary, one
+on a CUDA device there and others to host memory (the background writer
+then brings them to the host and writes the file while training goes on);
 no checkpoint holding a NaN or an infinity is written or loaded.
 
 torch is imported lazily.
@@ -18,6 +19,7 @@ import copy
 from typing import Any, Callable, Mapping
 
 from ..checkpoint import Checkpoint, CheckpointError, NonFiniteStateError
+from .frozen import torch_on_host
 
 __all__ = ["TorchState", "check_torch_state"]
 
@@ -55,17 +57,30 @@ def _tensors(value: Any):
             yield from _tensors(item)
 
 
-def _on_host(value: Any) -> Any:
-    """A state dict with every tensor copied to host memory."""
+def _each_tensor(value: Any, change: Callable[[Any], Any]) -> Any:
+    """A copy of a state dict with `change` made of every tensor (nested
+    dicts, lists, tuples); other values deep-copied."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return change(value.detach())
     if isinstance(value, Mapping):
-        return {key: _on_host(item) for key, item in value.items()}
+        return {key: _each_tensor(item, change) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_on_host(item) for item in value)
+        return type(value)(_each_tensor(item, change) for item in value)
     return copy.deepcopy(value)
+
+
+def _on_host(value: Any) -> Any:
+    """A state dict with every tensor copied to host memory."""
+    return _each_tensor(value, lambda tensor: tensor.to("cpu", copy=True))
+
+
+def _kept(tensor: Any) -> Any:
+    """A tensor's value now, which later steps do not change: on a CUDA
+    device a copy there (queued: the training thread does not wait for
+    it), else a host copy."""
+    return tensor.clone() if tensor.is_cuda else tensor.to("cpu", copy=True)
 
 
 def _non_finite(states: Mapping[str, Any]) -> list[str]:
@@ -84,12 +99,17 @@ class _StateDicts:
         self.states = states
 
     def save(self, path) -> None:
+        """Writes the ``.pt`` file; a tensor kept on a device comes to the
+        host first (on the caller's thread: the writer's)."""
         import torch
 
-        bad = _non_finite(self.states)
+        states = self.states
+        if any(tensor.is_cuda for tensor in _tensors(states)):
+            states = _each_tensor(states, torch_on_host)
+        bad = _non_finite(states)
         if bad:
             raise NonFiniteStateError(bad)
-        torch.save(self.states, path)
+        torch.save(states, path)
 
     def release(self) -> None:
         self.states = {}
@@ -123,8 +143,9 @@ class TorchState:
         return lambda: step
 
     def snapshot(self, buffers: Any = None) -> _StateDicts:
-        """A host copy of every state dict (the training thread holds for it)."""
-        return _StateDicts({name: _on_host(obj.state_dict()) for name, obj in self.objects.items()})
+        """A copy of every state dict: a tensor on a CUDA device copied there
+        (queued), others to the host (the training thread holds for those)."""
+        return _StateDicts({name: _each_tensor(obj.state_dict(), _kept) for name, obj in self.objects.items()})
 
     def views(self) -> _StateDicts:
         """The live state dicts, for a write the training thread waits for."""
