@@ -110,8 +110,8 @@ def model_for_step(step_ms: float, x, y, seed: int, quick: bool, width: int = 25
         width = min(MOST_WIDTH, int(width * max(1.4, min(2.0, (step_ms / (step * 1e3)) ** 0.5))))
 
 
-def step_overhead(folder: Path, rounds: int, quick: bool, seed: int) -> list[list]:
-    """Whole-fit time with `ControlCallback` over plain, at 1, 5, 20 ms steps."""
+def step_overhead(folder: Path, rounds: int, quick: bool, seed: int, budget: "Budget") -> list[list]:
+    """Whole-fit time with `ControlCallback` over plain, at 1, 5, 20 ms steps (those `budget` allows)."""
     import numpy as np
 
     from jupyter_traincontrol import ControlCallback
@@ -122,6 +122,8 @@ def step_overhead(folder: Path, rounds: int, quick: bool, seed: int) -> list[lis
     y = x.sum(axis=1, keepdims=True)
     rows, width = [], 256
     for step_ms in (1, 5, 20):
+        if not budget.allows(f"step overhead at {step_ms} ms steps"):
+            break
         model, step, width = model_for_step(step_ms, x, y, seed, quick, width)
         control = ControlCallback(save_at_end=False, name=f"gpu-{step_ms}", checkpoint_dir=folder / f"ck-{step_ms}", verbose=False,
                                   handle_sigint=False)
@@ -239,7 +241,7 @@ def run_backend(args) -> int:
     summary = []
     with _common.scratch_folder(args.dir, "traincontrol-bench-gpu-") as scratch:
         if "overhead" in args.parts and budget.allows("step overhead"):
-            rows = step_overhead(scratch, args.rounds, args.quick, args.seed)
+            rows = step_overhead(scratch, args.rounds, args.quick, args.seed, budget)
             print(f"\n1. Step overhead: whole fits of {20 if args.quick else 200} batches, ControlCallback over "
                   f"plain fit (verbose=0), medians of {args.rounds} alternating rounds")
             _common.print_table(["target step", "step ms", "plain ms/batch", "control ms/batch", "control / plain"],

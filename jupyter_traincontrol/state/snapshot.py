@@ -208,8 +208,15 @@ class ModelSnapshot:
         """The variables holding a NaN or an infinity (``layers/dense/vars/0``);
         one vectorised pass over each floating-point value on the host (a
         device value comes to the host for it, on the writer thread)."""
+        self._to_host()
         return [f"{inner_path}/{key}".strip("/") for inner_path, _metadata, items in self._entries
-                for key, value in items if not is_finite(as_host_array(value))]
+                for key, value in items if not is_finite(value)]
+
+    def _to_host(self) -> None:
+        """Brings every value to the host, once (a device value is copied: the
+        check and the file read the same copy, and the device's is dropped)."""
+        self._entries = [(inner_path, metadata, [(key, as_host_array(value)) for key, value in items])
+                         for inner_path, metadata, items in self._entries]
 
     def save(self, path) -> None:
         """Writes the ``.keras`` file at `path` (a new file), from the snapshot.
@@ -220,6 +227,7 @@ class ModelSnapshot:
         """
         from keras.src.saving import saving_lib
 
+        self._to_host()
         bad = self.non_finite()
         if bad:
             raise NonFiniteStateError(bad)
@@ -233,7 +241,7 @@ class ModelSnapshot:
                 for inner_path, metadata, items in self._entries:
                     store.make(inner_path, metadata=metadata)
                     for key, value in items:
-                        store[key] = as_host_array(value)
+                        store[key] = value
             except BaseException:
                 store.archive = None  # do not add a half-made weights file
                 raise
