@@ -45,7 +45,8 @@ as it writes a model (same staging, renames and intent record).
 Memory: until it is dropped, a snapshot holds what its values hold: on
 TensorFlow and JAX the buffers of its boundary (which training would
 otherwise have reused: one more copy of the state, in device memory,
-while its file is written), and so on torch on a CUDA device; on torch on
+while its file is written, and on an accelerator their host copy once the
+writer has brought them over), and so on torch on a CUDA device; on torch on
 the CPU one host copy of the variables and the optimizer's (for Adam,
 three times the weights), kept by the run from
 its first snapshot until it calls `SnapshotBuffers.clear`
@@ -214,7 +215,8 @@ class ModelSnapshot:
 
     def _to_host(self) -> None:
         """Brings every value to the host, once (a device value is copied: the
-        check and the file read the same copy, and the device's is dropped)."""
+        check and the file read the same copy, and the device's is dropped;
+        the host copies are then held until the snapshot is released)."""
         self._entries = [(inner_path, metadata, [(key, as_host_array(value)) for key, value in items])
                          for inner_path, metadata, items in self._entries]
 
