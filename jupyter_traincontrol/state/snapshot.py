@@ -128,6 +128,7 @@ class ModelSnapshot:
         self._config = config  # the serialized model (a dict), or its JSON
         self._saved_at = saved_at  # time.time() when taken: the file's metadata is dated then
         self._entries = entries  # [(inner path, metadata, [(key, frozen value)])]
+        self._on_host = False  # True once `_to_host` has brought the values over
         self._assets_dir = assets_dir
         self._arrays = arrays or []  # the reusable host arrays among the values, in order
         self._buffers = buffers
@@ -217,8 +218,10 @@ class ModelSnapshot:
         """Brings every value to the host, once (a device value is copied: the
         check and the file read the same copy, and the device's is dropped;
         the host copies are then held until the snapshot is released)."""
-        self._entries = [(inner_path, metadata, [(key, as_host_array(value)) for key, value in items])
-                         for inner_path, metadata, items in self._entries]
+        if not self._on_host:
+            self._entries = [(inner_path, metadata, [(key, as_host_array(value)) for key, value in items])
+                             for inner_path, metadata, items in self._entries]
+            self._on_host = True
 
     def save(self, path) -> None:
         """Writes the ``.keras`` file at `path` (a new file), from the snapshot.
@@ -243,7 +246,7 @@ class ModelSnapshot:
                 for inner_path, metadata, items in self._entries:
                     store.make(inner_path, metadata=metadata)
                     for key, value in items:
-                        store[key] = value
+                        store[key] = value  # a host array (`_to_host`)
             except BaseException:
                 store.archive = None  # do not add a half-made weights file
                 raise
