@@ -6,7 +6,7 @@ process per backend:
 
 1. Step overhead (``overhead``): `fit` with `ControlCallback` against a
    plain `fit` (``verbose=0``) for MLPs widened until a plain step takes
-   about 1, 5 and 20 ms on the device; whole-fit ratios, medians of
+   about 1, 5 and 20 ms on the device (``--steps``); whole-fit ratios, medians of
    alternating rounds. On a GPU this is where a forced host sync per step
    would show (the host waiting for each step's loss instead of queuing
    the next).
@@ -23,9 +23,9 @@ process per backend:
    about 40 GB of host memory and 30 GB of disk at a time: a size whose
    disk is not free is skipped, with a line that says so.
 
-A lease is minutes, so ``--budget-s`` bounds a process: a part or size that
-would start after it is skipped with a line that says so, and everything
-measured until then is printed as it comes. ``--backend all`` measures each
+A lease is minutes, so ``--budget-s`` bounds a process: a part, step time
+(``--steps``) or size that would start after it is skipped with a line
+that says so, and everything measured until then is printed as it comes. ``--backend all`` measures each
 backend that is installed (a GPU machine may lack TensorFlow's GPU build),
 saying which it skipped.
 
@@ -39,6 +39,7 @@ Usage::
     python benchmarks/gpu.py                              # every installed backend
     python benchmarks/gpu.py --backend jax --sizes 1      # one backend, 1 GB saves only
     python benchmarks/gpu.py --parts saves --sizes 10 --budget-s 240
+    python benchmarks/gpu.py --backend jax --parts overhead --steps 5
     python benchmarks/gpu.py --quick                      # a smoke run on CPU (seconds)
 """
 
@@ -110,8 +111,9 @@ def model_for_step(step_ms: float, x, y, seed: int, quick: bool, width: int = 25
         width = min(MOST_WIDTH, int(width * max(1.4, min(2.0, (step_ms / (step * 1e3)) ** 0.5))))
 
 
-def step_overhead(folder: Path, rounds: int, quick: bool, seed: int, budget: "Budget") -> list[list]:
-    """Whole-fit time with `ControlCallback` over plain, at 1, 5, 20 ms steps (those `budget` allows)."""
+def step_overhead(folder: Path, rounds: int, quick: bool, seed: int, budget: "Budget",
+                  steps_ms=(1.0, 5.0, 20.0)) -> list[list]:
+    """Whole-fit time with `ControlCallback` over plain, at each of `steps_ms` (those `budget` allows)."""
     import numpy as np
 
     from jupyter_traincontrol import ControlCallback
@@ -121,11 +123,11 @@ def step_overhead(folder: Path, rounds: int, quick: bool, seed: int, budget: "Bu
     x = rng.random((batches * BATCH_SIZE, FEATURES), dtype="float32")
     y = x.sum(axis=1, keepdims=True)
     rows, width = [], 256
-    for step_ms in (1, 5, 20):
-        if not budget.allows(f"step overhead at {step_ms} ms steps"):
+    for step_ms in steps_ms:
+        if not budget.allows(f"step overhead at {step_ms:g} ms steps"):
             break
         model, step, width = model_for_step(step_ms, x, y, seed, quick, width)
-        control = ControlCallback(save_at_end=False, name=f"gpu-{step_ms}", checkpoint_dir=folder / f"ck-{step_ms}", verbose=False,
+        control = ControlCallback(save_at_end=False, name=f"gpu-{step_ms:g}", checkpoint_dir=folder / f"ck-{step_ms:g}", verbose=False,
                                   handle_sigint=False)
 
         def fit(callbacks):
@@ -135,11 +137,11 @@ def step_overhead(folder: Path, rounds: int, quick: bool, seed: int, budget: "Bu
                 return time.perf_counter() - begin
             return run
 
-        times = _common.alternate({"plain": fit([]), "control": fit([control])}, rounds, label=f"{step_ms} ms steps")
+        times = _common.alternate({"plain": fit([]), "control": fit([control])}, rounds, label=f"{step_ms:g} ms steps")
         ratio = _common.median(_common.paired_ratios(times, "plain")["control"])
-        rows.append([f"{step_ms} ms", step * 1e3, _common.median(times["plain"]) / batches * 1e3,
+        rows.append([f"{step_ms:g} ms", step * 1e3, _common.median(times["plain"]) / batches * 1e3,
                      _common.median(times["control"]) / batches * 1e3, ratio])
-        print(f"  ({step_ms} ms steps: control / plain {ratio:.3f}x)", flush=True)
+        print(f"  ({step_ms:g} ms steps: control / plain {ratio:.3f}x)", flush=True)
     return rows
 
 
@@ -241,7 +243,7 @@ def run_backend(args) -> int:
     summary = []
     with _common.scratch_folder(args.dir, "traincontrol-bench-gpu-") as scratch:
         if "overhead" in args.parts and budget.allows("step overhead"):
-            rows = step_overhead(scratch, args.rounds, args.quick, args.seed, budget)
+            rows = step_overhead(scratch, args.rounds, args.quick, args.seed, budget, args.steps)
             print(f"\n1. Step overhead: whole fits of {20 if args.quick else 200} batches, ControlCallback over "
                   f"plain fit (verbose=0), medians of {args.rounds} alternating rounds")
             _common.print_table(["target step", "step ms", "plain ms/batch", "control ms/batch", "control / plain"],
@@ -287,6 +289,8 @@ def main(argv=None) -> int:
                         help="the backend to measure; all: each installed one in its own process (default all)")
     parser.add_argument("--parts", type=comma_list(str, PARTS), default=list(PARTS),
                         help=f"what to measure, comma-separated (default {','.join(PARTS)})")
+    parser.add_argument("--steps", type=comma_list(float), default=[1.0, 5.0, 20.0],
+                        help="plain step times in ms the overhead is measured at, comma-separated (default 1,5,20)")
     parser.add_argument("--sizes", type=comma_list(float), default=[1.0, 10.0],
                         help="file sizes of the saves in GB, comma-separated (default 1,10)")
     parser.add_argument("--save-rounds", type=int, default=None, help="measured saves per variant and size (default 2)")
