@@ -6,10 +6,10 @@ process per backend:
 
 1. Step overhead (``overhead``): `fit` with `ControlCallback` against a
    plain `fit` (``verbose=0``) for MLPs widened until a plain step takes
-   about 1, 5 and 20 ms on the device (``--steps``); whole-fit ratios, medians of
-   alternating rounds. On a GPU this is where a forced host sync per step
-   would show (the host waiting for each step's loss instead of queuing
-   the next).
+   about 1, 5 and 20 ms on the device (``--steps``); whole-fit ratios,
+   medians of alternating rounds. On a GPU this is where a forced host
+   sync per step would show (the host waiting for each step's loss
+   instead of queuing the next).
 2. Stop latency (``stop``): ``stop`` written into the run's FIFO at a
    random moment of a `fit` with 5 ms steps, until `fit` has returned (its
    checkpoint on disk); and the part beyond the batch in flight.
