@@ -19,15 +19,15 @@ process per backend:
    async ``tf.train.Checkpoint``, JAX's Orbax ``CheckpointManager``,
    PyTorch's Distributed Checkpoint ``async_save``), with the step after
    each save and the steps during the write (`checkpoint_peers`), keeping
-   one checkpoint each. 10 GB needs
-   about 40 GB of host memory and 30 GB of disk at a time: a size whose
-   disk is not free is skipped, with a line that says so.
+   one checkpoint each. 10 GB needs about 40 GB of host memory and 30 GB
+   of disk at a time: a size whose disk is not free is skipped, with a
+   line that says so.
 
 A lease is minutes, so ``--budget-s`` bounds a process: a part, step time
 (``--steps``) or size that would start after it is skipped with a line
-that says so, and everything measured until then is printed as it comes. ``--backend all`` measures each
-backend that is installed (a GPU machine may lack TensorFlow's GPU build),
-saying which it skipped.
+that says so, and everything measured until then is printed as it comes.
+``--backend all`` measures each backend that is installed (a GPU machine
+may lack TensorFlow's GPU build), saying which it skipped.
 
 Never run in CI (``--quick`` is a smoke run on CPU: tiny steps, 1 MB).
 Needs the GPU builds (``tensorflow[and-cuda]``, ``jax[cuda12]``, a CUDA
@@ -86,14 +86,15 @@ def device_name() -> str:
 MOST_WIDTH = 24576
 #: Batches a width's step is timed on, while searching.
 SEARCH_BATCHES = 40
-#: Step ms to the width found for it in this process (a later search for it starts there).
+#: Step ms to the width found for it in this process: a search starts from
+#: the width found for it, or for the longest shorter step (else 256 units).
 WIDTHS: dict[float, int] = {}
 
 
-def model_for_step(step_ms: float, x, y, seed: int, quick: bool, width: int = 256):
-    """An MLP widened from `width` units (by 1.4-2x at a time) until a plain step takes `step_ms`; with its
-    step time and width (the next, longer step's search starts there)."""
-    width = 64 if quick else WIDTHS.get(step_ms, width)
+def model_for_step(step_ms: float, x, y, seed: int, quick: bool):
+    """An MLP widened (by 1.4-2x at a time) until a plain step takes `step_ms`; with its step time."""
+    shorter = [found for shorter_ms, found in WIDTHS.items() if shorter_ms < step_ms]
+    width = 64 if quick else WIDTHS.get(step_ms) or max(shorter, default=256)
     x, y = x[:SEARCH_BATCHES * BATCH_SIZE], y[:SEARCH_BATCHES * BATCH_SIZE]
     while True:
         started = time.perf_counter()
@@ -107,7 +108,7 @@ def model_for_step(step_ms: float, x, y, seed: int, quick: bool, width: int = 25
               f"in {time.perf_counter() - started:.1f} s)", flush=True)
         if quick or step * 1e3 >= 0.8 * step_ms or width >= MOST_WIDTH:
             WIDTHS[step_ms] = width
-            return model, step, width
+            return model, step
         width = min(MOST_WIDTH, int(width * max(1.4, min(2.0, (step_ms / (step * 1e3)) ** 0.5))))
 
 
@@ -122,11 +123,11 @@ def step_overhead(folder: Path, rounds: int, quick: bool, seed: int, budget: "Bu
     rng = np.random.default_rng(seed)
     x = rng.random((batches * BATCH_SIZE, FEATURES), dtype="float32")
     y = x.sum(axis=1, keepdims=True)
-    rows, width = [], 256
+    rows = []
     for step_ms in steps_ms:
         if not budget.allows(f"step overhead at {step_ms:g} ms steps"):
             break
-        model, step, width = model_for_step(step_ms, x, y, seed, quick, width)
+        model, step = model_for_step(step_ms, x, y, seed, quick)
         control = ControlCallback(save_at_end=False, name=f"gpu-{step_ms:g}", checkpoint_dir=folder / f"ck-{step_ms:g}", verbose=False,
                                   handle_sigint=False)
 
@@ -155,7 +156,7 @@ def stop_latency(folder: Path, stops: int, quick: bool, seed: int) -> list[float
     rng = np.random.default_rng(seed)
     x = rng.random((40 * BATCH_SIZE, FEATURES), dtype="float32")
     y = x.sum(axis=1, keepdims=True)
-    model, step, _width = model_for_step(5, x, y, seed, quick)
+    model, step = model_for_step(5, x, y, seed, quick)
     pick = random.Random(seed)
     latencies = []
     for index in range(stops):
