@@ -202,6 +202,23 @@ def test_close_removes_the_channel_and_stops_the_thread(folder):
         deliver(address, "stop")
 
 
+@pytest.mark.parametrize("kind", ["fifo", "spool"])
+def test_stop_lets_the_reader_end_without_waiting_for_it_and_close_joins_it_and_removes_the_channel(folder, kind):
+    """A run's end writes its last record while its thread ends (`stop`), then joins it (`close`)."""
+    ch = open_channel(folder, kind, name="stopping")
+    address = ch.address
+    ch.stop()
+    ch.stop()  # idempotent
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "traincontrol-reader-stopping"], timeout=5,
+               message="the reader thread to end by itself")
+    assert os.path.exists(address)  # the channel stays until `close`
+    ch.close()
+    ch.close()  # idempotent
+    assert not os.path.exists(address)
+    with pytest.raises(NotListeningError):
+        deliver(address, "stop", kind=kind)
+
+
 def test_unknown_channel_kind_is_a_clear_error(folder):
     with pytest.raises(ValueError, match="Expected one of: fifo, spool"):
         open_channel(folder, "carrier-pigeon")

@@ -59,6 +59,40 @@ def test_a_replaced_record_kept_for_later_is_freed_by_free_replaced_and_by_relea
     assert not folder.path.exists()
 
 
+def test_descriptors_kept_to_close_later_are_closed_by_close_kept_and_by_release(runtime_dir, tmp_path):
+    def is_open(fd):
+        try:
+            os.fstat(fd)
+            return True
+        except OSError:
+            return False
+
+    def new_fd():
+        return os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+
+    folder = RunFolder.claim("closing")
+    try:
+        kept = [new_fd() for _ in range(3)]
+        for fd in kept:
+            folder.close_later(fd)
+        assert all(is_open(fd) for fd in kept)
+        folder.close_kept()
+        assert not any(is_open(fd) for fd in kept)
+        last = new_fd()
+        folder.close_later(last)
+    finally:
+        folder.release()
+    assert not is_open(last)  # the release closed it
+    sealed = RunFolder.claim("sealed")
+    try:
+        sealed.seal()
+        late = new_fd()
+        sealed.close_later(late)  # its run has ended: closed at once
+        assert not is_open(late)
+    finally:
+        sealed.release()
+
+
 def test_a_fast_record_write_goes_into_a_prepared_file_that_readers_pass_over(runtime_dir):
     folder = RunFolder.claim("ready")
     try:
@@ -417,3 +451,75 @@ def test_the_training_threads_record_writes_leave_freeing_the_replaced_file_to_t
                                                                                         ("finished", True)}
     assert all(not keep for thread, _state, keep in writes if thread != training)
     assert find_run("short")["state"] == "finished"
+
+
+def test_a_record_built_before_the_end_is_never_written_after_the_last_one(runtime_dir, tmp_path):
+    """The run's thread may be building a record as the run ends; the end
+    writes the last record while that thread ends, and the older one must
+    not land after it (`RunLifecycle.publish` writes them in order)."""
+    from jupyter_traincontrol.protocol import RunState
+    from jupyter_traincontrol.run.lifecycle import RunLifecycle
+
+    run = RunLifecycle("ordered", tmp_path / "ck").open()
+    building, go_on = threading.Event(), threading.Event()
+    record = run.record
+
+    def slow_record():
+        built = record()
+        if threading.current_thread().name.startswith("traincontrol-reader") and not building.is_set():
+            building.set()  # the run's thread holds a record of a running run
+            go_on.wait(10)
+        return built
+
+    run.record = slow_record
+    ending = threading.Thread(target=run.close, args=(RunState.FINISHED,))
+    try:
+        run.move_to(RunState.RUNNING)  # published soon, by the run's thread
+        assert building.wait(10), "the run's thread never published"
+        ending.start()
+        time.sleep(0.2)  # the end gets as far as it can
+    finally:
+        go_on.set()
+        ending.join(10)
+    assert not ending.is_alive()
+    assert find_run("ordered")["state"] == "finished"
+
+
+def test_a_checkpoint_folder_a_fit_left_empty_is_freed_by_the_runs_thread_as_it_ends(
+        make_model, tiny_data, tmp_path, monkeypatch):
+    """A fit that writes no checkpoint removes the folder it made; the last
+    close of that folder frees it (0.2 ms on ext4), which the training thread
+    leaves to the run's thread: it closes it as it ends, while the training
+    thread writes the run's last record. Nothing is left open."""
+    from jupyter_traincontrol import ControlCallback
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to list descriptors")
+    ckpt = tmp_path / "ck"
+
+    def removed_folder_fds():
+        held = []
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{name}") == f"{ckpt} (deleted)":
+                    held.append(int(name))
+            except OSError:
+                pass  # closed meanwhile (this listing's own descriptor)
+        return held
+
+    closers = []
+    close_kept = RunFolder.close_kept
+
+    def noted_close_kept(self):
+        if self._to_close:
+            closers.append((threading.current_thread().name, removed_folder_fds() == self._to_close))
+        close_kept(self)
+
+    monkeypatch.setattr(RunFolder, "close_kept", noted_close_kept)
+    model, (x, y) = make_model(), tiny_data
+    callback = ControlCallback(name="empty", checkpoint_dir=ckpt, save_at_end=False, verbose=False, handle_sigint=False)
+    for _fit in range(3):
+        model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])
+        assert not ckpt.exists()  # removed as the run let go of it
+        assert removed_folder_fds() == []
+    assert closers == [("traincontrol-reader-empty", True)] * 3

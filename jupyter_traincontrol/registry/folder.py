@@ -69,6 +69,7 @@ class RunFolder:
         self._written: tuple[int, int, int] | None = None  # the identity of the record this run wrote last
         self._replaced: list[str] = []  # second names of replaced records, kept until `free_replaced`
         self._prepared: list[str] = []  # empty files made by `prepare_files`, for the next fast writes
+        self._to_close: list[int] = []  # descriptors kept by `close_later`, until `close_kept`
 
     @property
     def record_path(self) -> Path:
@@ -184,6 +185,24 @@ class RunFolder:
             return  # no record yet, or no hard links here: the rename frees it
         self._replaced.append(name)
 
+    def close_later(self, fd: int) -> None:
+        """Keeps `fd`, the last descriptor of a folder removed (a checkpoint
+        folder its run left empty), for the run's thread to close as it ends
+        (`close_kept`): the close frees the folder, which the training thread
+        then does not wait for. Once the run has ended, closes it now."""
+        with self._write_lock:
+            if self.dir_fd >= 0:
+                self._to_close.append(fd)
+                return
+        os.close(fd)
+
+    def close_kept(self) -> None:
+        """Closes what `close_later` kept. Any thread."""
+        with self._write_lock:
+            descriptors, self._to_close = self._to_close, []
+        for fd in descriptors:
+            os.close(fd)
+
     def free_replaced(self) -> None:
         """Removes the replaced records `write_record` kept (any thread;
         the folder's removal takes them too)."""
@@ -272,6 +291,7 @@ class RunFolder:
             self._released = True  # from here `reopen` refuses it
         _claimed_in_this_process.discard(self)
         self.seal()
+        self.close_kept()
         self.free_replaced()
         with self._write_lock:
             record = self._own_record()

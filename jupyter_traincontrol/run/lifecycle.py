@@ -1,15 +1,13 @@
 """A run's life, without Keras: claimed, listening, published, ended.
 
-`RunLifecycle` opens and closes one run and holds its parts, each with a
-narrow job:
+`RunLifecycle` opens and closes one run and holds its parts, each with a narrow job:
 
 - its identity: the claimed registry folder (name, ``run_id``, liveness
   lock), and its checkpoint store (the same ``run_id`` in every sidecar);
 - `channel`: the command channel (a FIFO), whose thread ticks the `publisher`;
 - `states`: the `StateMachine`, moved only along the transition table;
 - `journal`: the log of events, acknowledgements and changes;
-- `history` (the loss per batch, each epoch's logs) and the progress the
-  training's driver reports (`follow`);
+- `history` (the loss per batch, each epoch's logs) and the progress the training's driver reports (`follow`);
 - the record (`build_record`): written at once on a state change or an
   answered command, else at most twice a second, by its `publisher`.
 
@@ -96,6 +94,7 @@ class RunLifecycle:
         self.channel: CommandChannel | None = None
         self._folder: RunFolder | None = None
         self._lock = threading.RLock()
+        self._publish_lock = threading.Lock()
         self.states = StateMachine(on_move=self._moved)
         self.journal = Journal(lambda: self.name, owner=self)
         self.history = RunHistory()
@@ -146,6 +145,7 @@ class RunLifecycle:
             self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
             run=self.name, run_id=self.run_id, private=self._requested_checkpoint_dir is None,
         )
+        self.store.folder.close_removed = self._folder.close_later  # closed by the run's thread as it ends
         self.store.list()  # what the folder holds of this name already
         self.started, self.ended, self.error, self.end_reason = time.time(), None, None, None
         self.states.reset()
@@ -174,8 +174,8 @@ class RunLifecycle:
         return self
 
     def close(self, final_state: RunState | str, error: str | None = None, end_reason: str | None = None) -> None:
-        """Ends the run: stops the publisher, closes the channel (joining the
-        run's thread) and records `final_state`.
+        """Ends the run: stops the publisher and the channel, records
+        `final_state` while the run's thread ends, then joins that thread.
 
         The record stays, with its final state, while this process lives.
         Idempotent: only the first call after `open` has an effect.
@@ -190,26 +190,27 @@ class RunLifecycle:
         """
         final_state = as_state(final_state)
         if final_state not in FINAL_STATES:
-            raise ValueError(
-                f"Unknown final state {str(final_state)!r}. "
-                f"Expected one of: {', '.join(sorted(str(s) for s in FINAL_STATES))}."
-            )
+            raise ValueError(f"Unknown final state {str(final_state)!r}. "
+                             f"Expected one of: {', '.join(sorted(str(s) for s in FINAL_STATES))}.")
         if end_reason is not None and end_reason not in END_REASONS:
             raise ValueError(f"Unknown end reason {end_reason!r}. Expected one of: {', '.join(END_REASONS)}.")
         with self._lock:
             if not self.is_open:
                 return
-            self.error = error
+            self.error, self.ended = error, time.time()
             self.end_reason = end_reason or _default_end_reason(final_state)
-            self.ended = time.time()
             channel, self.channel = self.channel, None
             self.unfollow()
         if self.publisher is not None:
             self.publisher.stop()  # first: nothing wakes the channel's thread once it is closed
         if channel is not None:
-            channel.close()  # joins its thread: a write of the publisher's in flight ends before the last
-        self.move_to(final_state)
-        self._folder.seal()  # the last record is written
+            channel.stop(last=self._folder.close_kept)  # it ends while the last record is written (`publish` keeps them in order)
+        try:
+            self.move_to(final_state)  # the last record
+        finally:
+            if channel is not None:
+                channel.close()  # joins its thread; removes the channel while the folder is open
+        self._folder.seal()
 
     def forget(self) -> None:
         """Removes the run's record from the registry (after `close`)."""
@@ -324,16 +325,17 @@ class RunLifecycle:
         folder = self._folder
         if folder is None:
             return False
-        now = time.monotonic()
-        version = self._version()
-        if version == self._published_version or not force and now - self._last_publish < PUBLISH_INTERVAL_SECONDS:
-            return False
-        try:
-            folder.write_record(self.record(), keep_replaced)
-        except OSError as error:
-            logger.warning("Could not write the record of run %r: %s", self.name, error)
-            return False
-        self._published_version, self._last_publish = version, now
+        with self._publish_lock:  # a record built earlier is never written after one built later
+            now = time.monotonic()
+            version = self._version()
+            if version == self._published_version or not force and now - self._last_publish < PUBLISH_INTERVAL_SECONDS:
+                return False
+            try:
+                folder.write_record(self.record(), keep_replaced)
+            except OSError as error:
+                logger.warning("Could not write the record of run %r: %s", self.name, error)
+                return False
+            self._published_version, self._last_publish = version, now
         return True
 
     def publish_soon(self) -> None:

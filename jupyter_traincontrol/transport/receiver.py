@@ -89,7 +89,10 @@ class CommandChannel:
         #: Called (from the thread that queued it) after each request is
         #: queued: the driver of the training is told a command waits.
         self.on_request: Callable[[], None] | None = None
-        self._closed = threading.Event()
+        self._closed = threading.Event()  # set by `stop`: the reader ends
+        self._close_lock = threading.Lock()
+        self._released = False  # set by `close`: joined, and removed from disk
+        self._last: Callable[[], None] | None = None  # left by `stop` to the thread
         self._ticker: Ticker | None = None
         self._thread = threading.Thread(
             target=self._run_reader, name=f"traincontrol-reader-{name}", daemon=True
@@ -146,15 +149,44 @@ class CommandChannel:
         self._thread.start()
         return self
 
-    def close(self) -> None:
-        """Stops the reader and removes the channel from disk. Idempotent."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
+    def stop(self, last: Callable[[], None] | None = None) -> None:
+        """Tells the reader thread to end, without waiting for it: it reads
+        nothing more and ends by itself while the caller goes on; `close`
+        then joins it. Idempotent; any thread.
+
+        Args:
+            last: Work left to the thread, which calls it as it ends (or
+                `close`, if the thread never ran).
+        """
+        with self._close_lock:
+            if self._closed.is_set():
+                return
+            self._last = last
+            self._closed.set()
         self._wake_reader()
+
+    def close(self) -> None:
+        """Stops the reader, joins its thread and removes the channel from
+        disk. Idempotent."""
+        with self._close_lock:
+            if self._released:
+                return
+            self._released = True
+        self.stop()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
+        self._do_last()
         self._release()
+
+    def _do_last(self) -> None:
+        """Calls what `stop` left to the thread, once."""
+        with self._close_lock:
+            last, self._last = self._last, None
+        if last is not None:
+            try:
+                last()
+            except Exception as error:
+                self._on_notice(f"Command channel problem: {error}")
 
     def _deliver(self, results: list[Request | Rejected]) -> None:
         for result in results:
@@ -190,6 +222,7 @@ class CommandChannel:
                     self._on_notice(problem)
                 last_problem = problem
                 self._closed.wait(interval)
+        self._do_last()
 
     # Subclass interface.
     def _read_some(self, timeout: float) -> None:
