@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import errno
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -29,7 +30,7 @@ from ..system.private_fs import (
     check_private, ensure_private_dir, file_identity, make_empty_file, open_dir, read_json, write_json_atomic,
 )
 from .listing import unique_name
-from .liveness import LOCK_NAME, folder_is_live, move_away, remove_if_dead, sweep_dead_runs
+from .liveness import LOCK_NAME, folder_is_live, move_away, remove_if_dead, set_aside, sweep_dead_runs
 from .paths import CLAIM_PREFIX, RECORD_NAME, NameTakenError, registry_root, validate_name
 from .tombstones import keep_tombstone
 
@@ -70,6 +71,7 @@ class RunFolder:
         self._replaced: list[str] = []  # second names of replaced records, kept until `free_replaced`
         self._prepared: list[str] = []  # empty files made by `prepare_files`, for the next fast writes
         self._to_close: list[int] = []  # descriptors kept by `close_later`, until `close_kept`
+        self._trash: list[Path | None] = []  # folders set aside for this run to remove (`remove_later`)
 
     @property
     def record_path(self) -> Path:
@@ -107,6 +109,8 @@ class RunFolder:
         run_folder = cls(name, folder, run_id or uuid.uuid4().hex)
         lock = ProcessLock.path_for(root)
         for _attempt in range(_CLAIM_ATTEMPTS):
+            if os.path.lexists(folder):  # freed first (its run has ended), not after a staging made in vain
+                _free_name(folder, name, heir=run_folder)
             staging = Path(tempfile.mkdtemp(prefix=CLAIM_PREFIX, dir=root))
             os.link(lock, staging / LOCK_NAME)
             write_json_atomic(staging / RECORD_NAME, run_folder._full_record({"state": RunState.STARTING.value}))
@@ -118,9 +122,7 @@ class RunFolder:
                 if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     move_away(staging)
                     raise
-            move_away(staging)
-            check_private(folder, os.lstat(folder), kind="dir")
-            _free_name(folder, name)
+            move_away(staging)  # another claim got there first
         else:
             raise NameTakenError(f"Could not claim the name {name!r}: other processes keep taking it.")
         run_folder.dir_fd = open_dir(folder)
@@ -197,15 +199,21 @@ class RunFolder:
         os.close(fd)
 
     def close_kept(self) -> None:
-        """Closes what `close_later` kept. Any thread."""
+        """Closes what `close_later` kept and removes the folders set aside
+        for this run (`remove_later`). Any thread."""
         with self._write_lock:
             descriptors, self._to_close = self._to_close, []
+            trash, self._trash = self._trash, []
         for fd in descriptors:
             os.close(fd)
+        for folder in trash:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def free_replaced(self) -> None:
-        """Removes the replaced records `write_record` kept (any thread;
-        the folder's removal takes them too)."""
+        """Removes the replaced records `write_record` kept, and what
+        `close_kept` removes (any thread; the folder's removal takes them too)."""
+        self.close_kept()
         with self._write_lock:
             names, self._replaced = self._replaced, []
         for name in names:
@@ -284,21 +292,40 @@ class RunFolder:
         last record in the history (see `tombstones`). Idempotent."""
         self._release(only_ended=False)
 
-    def _release(self, *, only_ended: bool) -> bool:
+    def _release(self, *, only_ended: bool, heir: "RunFolder | None" = None) -> bool:
+        """`release`; with `heir` (a claim of this name), what is left to
+        remove (the folder, set aside) is left to the heir's run's thread."""
         with self._write_lock:
             if self._released or only_ended and self.dir_fd >= 0:  # gone already, or (re)opened by its run
                 return False
             self._released = True  # from here `reopen` refuses it
         _claimed_in_this_process.discard(self)
         self.seal()
-        self.close_kept()
-        self.free_replaced()
         with self._write_lock:
             record = self._own_record()
             if record is not None:
                 keep_tombstone(self.path, record)
-                move_away(self.path)
+                self._trash.append(set_aside(self.path))  # with the replaced records in it
+                self._replaced = []
+        if heir is not None:
+            heir._inherit(self)
+        self.close_kept()
+        self.free_replaced()
         return True
+
+    def _inherit(self, ended: "RunFolder") -> None:
+        """Takes what `ended` (released for this claim) has left to remove."""
+        with ended._write_lock:
+            trash, to_close, ended._trash, ended._to_close = ended._trash, ended._to_close, [], []
+        with self._write_lock:
+            self._trash += trash
+            self._to_close += to_close
+
+    def remove_later(self, trash: Path | None) -> None:
+        """Leaves a folder set aside (`liveness.set_aside`) to `free_replaced`."""
+        if trash is not None:
+            with self._write_lock:
+                self._trash.append(trash)
 
     @property
     def ended(self) -> bool:
@@ -307,12 +334,19 @@ class RunFolder:
 
 
 
-def _free_name(folder: Path, name: str) -> None:
-    """Frees the name held by `folder` if its run has ended or its process died.
+def _free_name(folder: Path, name: str, heir: RunFolder) -> None:
+    """Frees the name held by `folder` if its run has ended or its process
+    died. An ended run's folder is set aside for `heir` (the claim's) to
+    remove later (`free_replaced`).
 
     Raises:
         NameTakenError: If the run there is still active.
+        UnsafePathError: If `folder` is not a private folder of ours.
     """
+    try:
+        check_private(folder, os.lstat(folder), kind="dir")
+    except FileNotFoundError:
+        return  # freed meanwhile
     if not folder_is_live(folder):
         remove_if_dead(folder)
         return
@@ -327,10 +361,10 @@ def _free_name(folder: Path, name: str) -> None:
         )
     for claimed in list(_claimed_in_this_process):
         if claimed.path == folder and claimed.owns_folder():
-            claimed.release()  # an ended run of this process: let go of it now
+            claimed._release(only_ended=False, heir=heir)  # an ended run of this process: let go of it now
             return
     keep_tombstone(folder)  # an ended run of a live process: its record goes to the history
-    move_away(folder)
+    heir.remove_later(set_aside(folder))
 
 
 _claimed_in_this_process: set[RunFolder] = set()

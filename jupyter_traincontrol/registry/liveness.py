@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -20,10 +21,14 @@ from ..system.private_fs import check_private
 from .paths import CLAIM_PREFIX
 from .tombstones import keep_tombstone, remove_old_tombstones
 
-__all__ = ["LOCK_NAME", "folder_is_live", "move_away", "remove_if_dead", "remove_dead_locks", "sweep_dead_runs"]
+__all__ = ["LOCK_NAME", "TRASH_PREFIX", "folder_is_live", "move_away", "set_aside", "remove_if_dead", "remove_dead_locks", "sweep_dead_runs"]
 
 #: A run folder's hard link to its process's lock file.
 LOCK_NAME = "lock"
+#: Run folders renamed for removal (`set_aside`).
+TRASH_PREFIX = ".removed-"
+#: How long a folder set aside waits for the process that set it aside to remove it, before a sweep does.
+_TRASH_GRACE_SECONDS = 60.0
 
 
 def _open_lock(folder: Path) -> int | None:
@@ -47,12 +52,21 @@ def folder_is_live(folder: Path) -> bool:
 
 def move_away(folder: Path) -> None:
     """Removes a run folder, first renaming it so no reader sees it half-gone."""
-    trash = folder.parent / f".removed-{uuid.uuid4().hex}"
+    trash = set_aside(folder)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def set_aside(folder: Path) -> Path | None:
+    """Renames a run folder to a hidden name (``.removed-...``), for its
+    removal later; returns that name, or None if the folder was gone. Its
+    name is free at once; a sweep removes what a process left set aside."""
+    trash = folder.parent / f"{TRASH_PREFIX}{uuid.uuid4().hex}"
     try:
         os.rename(folder, trash)
     except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
+        return None
+    return trash
 
 
 def remove_if_dead(folder: Path) -> bool:
@@ -96,7 +110,8 @@ def remove_dead_locks(root: Path) -> None:
 
 def sweep_dead_runs(root: Path) -> None:
     """Removes the folders (FIFOs included) and lock files of dead processes,
-    claims their process never finished, and what the history no longer keeps."""
+    claims their process never finished, folders set aside long ago, and
+    what the history no longer keeps."""
     remove_dead_locks(root)
     for name in os.listdir(root):
         if name.startswith(CLAIM_PREFIX):
@@ -104,6 +119,8 @@ def sweep_dead_runs(root: Path) -> None:
     remove_old_tombstones(root)
     for name in os.listdir(root):
         folder = root / name
+        if name.startswith(TRASH_PREFIX):
+            _remove_old_trash(folder)
         if name.startswith("."):
             continue
         try:
@@ -112,3 +129,13 @@ def sweep_dead_runs(root: Path) -> None:
                 remove_if_dead(folder)
         except OSError:
             continue  # not ours to remove (a planted symlink, someone else's), or gone
+
+
+def _remove_old_trash(folder: Path) -> None:
+    """Removes a folder set aside (`set_aside`) longer ago than its setter
+    would have taken to remove it (a process that ended first)."""
+    try:
+        if os.lstat(folder).st_ctime < time.time() - _TRASH_GRACE_SECONDS:
+            shutil.rmtree(folder, ignore_errors=True)
+    except OSError:
+        pass  # removed meanwhile

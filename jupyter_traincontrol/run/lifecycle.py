@@ -94,7 +94,7 @@ class RunLifecycle:
         self.channel: CommandChannel | None = None
         self._folder: RunFolder | None = None
         self._lock = threading.RLock()
-        self._publish_lock = threading.Lock()
+        self._publish_lock = threading.RLock()  # re-entrant: defensive, as `RunFolder.write_record`
         self.states = StateMachine(on_move=self._moved)
         self.journal = Journal(lambda: self.name, owner=self)
         self.history = RunHistory()
