@@ -59,7 +59,7 @@ def test_a_replaced_record_kept_for_later_is_freed_by_free_replaced_and_by_relea
     assert not folder.path.exists()
 
 
-def test_descriptors_kept_to_close_later_are_closed_by_close_kept_and_by_release(runtime_dir, tmp_path):
+def test_descriptors_kept_to_close_later_are_closed_by_free_kept_and_by_release(runtime_dir, tmp_path):
     def is_open(fd):
         try:
             os.fstat(fd)
@@ -76,7 +76,7 @@ def test_descriptors_kept_to_close_later_are_closed_by_close_kept_and_by_release
         for fd in kept:
             folder.close_later(fd)
         assert all(is_open(fd) for fd in kept)
-        folder.close_kept()
+        folder.free_kept()
         assert not any(is_open(fd) for fd in kept)
         last = new_fd()
         folder.close_later(last)
@@ -508,14 +508,14 @@ def test_a_checkpoint_folder_a_fit_left_empty_is_freed_by_the_runs_thread_as_it_
         return held
 
     closers = []
-    close_kept = RunFolder.close_kept
+    free_kept = RunFolder.free_kept
 
-    def noted_close_kept(self):
+    def noted_free_kept(self):
         if self._to_close:
             closers.append((threading.current_thread().name, removed_folder_fds() == self._to_close))
-        close_kept(self)
+        free_kept(self)
 
-    monkeypatch.setattr(RunFolder, "close_kept", noted_close_kept)
+    monkeypatch.setattr(RunFolder, "free_kept", noted_free_kept)
     model, (x, y) = make_model(), tiny_data
     callback = ControlCallback(name="empty", checkpoint_dir=ckpt, save_at_end=False, verbose=False, handle_sigint=False)
     for _fit in range(3):

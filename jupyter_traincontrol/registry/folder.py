@@ -70,8 +70,8 @@ class RunFolder:
         self._written: tuple[int, int, int] | None = None  # the identity of the record this run wrote last
         self._replaced: list[str] = []  # second names of replaced records, kept until `free_replaced`
         self._prepared: list[str] = []  # empty files made by `prepare_files`, for the next fast writes
-        self._to_close: list[int] = []  # descriptors kept by `close_later`, until `close_kept`
-        self._trash: list[Path | None] = []  # folders set aside for this run to remove (`remove_later`)
+        self._to_close: list[int] = []  # descriptors kept by `close_later`, until `free_kept`
+        self._trash: list[Path] = []  # folders set aside for this run's thread to remove (`remove_later`)
 
     @property
     def record_path(self) -> Path:
@@ -190,7 +190,7 @@ class RunFolder:
     def close_later(self, fd: int) -> None:
         """Keeps `fd`, the last descriptor of a folder removed (a checkpoint
         folder its run left empty), for the run's thread to close as it ends
-        (`close_kept`): the close frees the folder, which the training thread
+        (`free_kept`): the close frees the folder, which the training thread
         then does not wait for. Once the run has ended, closes it now."""
         with self._write_lock:
             if self.dir_fd >= 0:
@@ -198,22 +198,22 @@ class RunFolder:
                 return
         os.close(fd)
 
-    def close_kept(self) -> None:
-        """Closes what `close_later` kept and removes the folders set aside
-        for this run (`remove_later`). Any thread."""
+    def free_kept(self) -> None:
+        """Frees what was left to this run's thread: closes what
+        `close_later` kept and removes the folders set aside for it
+        (`remove_later`). Any thread; the run's, as it ends."""
         with self._write_lock:
             descriptors, self._to_close = self._to_close, []
             trash, self._trash = self._trash, []
         for fd in descriptors:
             os.close(fd)
         for folder in trash:
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
 
     def free_replaced(self) -> None:
         """Removes the replaced records `write_record` kept, and what
-        `close_kept` removes (any thread; the folder's removal takes them too)."""
-        self.close_kept()
+        `free_kept` removes (any thread; the folder's removal takes them too)."""
+        self.free_kept()
         with self._write_lock:
             names, self._replaced = self._replaced, []
         for name in names:
@@ -305,11 +305,10 @@ class RunFolder:
             record = self._own_record()
             if record is not None:
                 keep_tombstone(self.path, record)
-                self._trash.append(set_aside(self.path))  # with the replaced records in it
+                self.remove_later(set_aside(self.path))  # with the replaced records in it
                 self._replaced = []
         if heir is not None:
             heir._inherit(self)
-        self.close_kept()
         self.free_replaced()
         return True
 
@@ -322,7 +321,8 @@ class RunFolder:
             self._to_close += to_close
 
     def remove_later(self, trash: Path | None) -> None:
-        """Leaves a folder set aside (`liveness.set_aside`) to `free_replaced`."""
+        """Leaves a folder set aside (`liveness.set_aside`; None: nothing was
+        there) to `free_kept`."""
         if trash is not None:
             with self._write_lock:
                 self._trash.append(trash)
@@ -337,7 +337,7 @@ class RunFolder:
 def _free_name(folder: Path, name: str, heir: RunFolder) -> None:
     """Frees the name held by `folder` if its run has ended or its process
     died. An ended run's folder is set aside for `heir` (the claim's) to
-    remove later (`free_replaced`).
+    remove later (`RunFolder.free_kept`, on its run's thread).
 
     Raises:
         NameTakenError: If the run there is still active.

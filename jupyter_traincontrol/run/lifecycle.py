@@ -204,7 +204,7 @@ class RunLifecycle:
         if self.publisher is not None:
             self.publisher.stop()  # first: nothing wakes the channel's thread once it is closed
         if channel is not None:
-            channel.stop(last=self._folder.close_kept)  # it ends while the last record is written (`publish` keeps them in order)
+            channel.stop(last=self._folder.free_kept)  # it ends while the last record is written (`publish` keeps them in order)
         try:
             self.move_to(final_state)  # the last record
         finally:
