@@ -530,15 +530,22 @@ def test_a_claim_of_an_ended_runs_name_stages_once_and_leaves_the_old_folder_to_
     """A new callback of the same name each `fit`: the ended run's folder is
     set aside before the claim stages its own (once), and removing it is left
     to the new run's thread (freeing its files took the training thread
-    about 0.5 ms on ext4)."""
+    about 0.5 ms on ext4), as is bounding the history its record joined."""
     from jupyter_traincontrol.protocol import RunState
     from jupyter_traincontrol.registry import folder as folder_module
     from jupyter_traincontrol.run import RunLifecycle
 
     first = RunLifecycle("again", tmp_path / "a").open()
     first.close(RunState.FINISHED)
-    staged, removed_by = [], []
+    from jupyter_traincontrol.registry import tombstones
+
+    staged, removed_by, pruned_by = [], [], []
     mkdtemp, rmtree = folder_module.tempfile.mkdtemp, folder_module.shutil.rmtree
+    prune = folder_module.remove_old_tombstones
+    monkeypatch.setattr(folder_module, "remove_old_tombstones",
+                        lambda root: pruned_by.append(threading.current_thread().name) or prune(root))
+    monkeypatch.setattr(tombstones, "remove_old_tombstones",  # as the ended run's record becomes a tombstone
+                        lambda root: pruned_by.append("keep_tombstone") or prune(root))
     monkeypatch.setattr(folder_module.tempfile, "mkdtemp", lambda **kw: staged.append(1) or mkdtemp(**kw))
     monkeypatch.setattr(folder_module.shutil, "rmtree",
                         lambda path, **kw: removed_by.append((Path(path).name[:9], threading.current_thread().name))
@@ -546,8 +553,9 @@ def test_a_claim_of_an_ended_runs_name_stages_once_and_leaves_the_old_folder_to_
     second = RunLifecycle("again", tmp_path / "b").open()
     try:
         assert staged == [1]
-        wait_until(lambda: removed_by, timeout=5, message="the ended run's folder removed")
+        wait_until(lambda: removed_by and pruned_by, timeout=5, message="the ended run's folder removed")
         assert removed_by == [(".removed-", "traincontrol-reader-again")]
+        assert pruned_by == ["traincontrol-reader-again"]  # the history bounded there too
         assert not [p.name for p in runtime_dir.iterdir() if p.name.startswith((".removed-", ".claim-"))]
     finally:
         second.close(RunState.FINISHED)

@@ -32,7 +32,7 @@ from ..system.private_fs import (
 from .listing import unique_name
 from .liveness import LOCK_NAME, folder_is_live, move_away, remove_if_dead, set_aside, sweep_dead_runs
 from .paths import CLAIM_PREFIX, RECORD_NAME, NameTakenError, registry_root, validate_name
-from .tombstones import keep_tombstone
+from .tombstones import keep_tombstone, remove_old_tombstones
 
 __all__ = ["ENDED_RUNS_KEPT", "RunFolder", "release_all"]
 
@@ -72,6 +72,7 @@ class RunFolder:
         self._prepared: list[str] = []  # empty files made by `prepare_files`, for the next fast writes
         self._to_close: list[int] = []  # descriptors kept by `close_later`, until `free_kept`
         self._trash: list[Path] = []  # folders set aside for this run's thread to remove (`remove_later`)
+        self._prune_history = False  # the history to bound by this run's thread (`_inherit`)
 
     @property
     def record_path(self) -> Path:
@@ -212,10 +213,15 @@ class RunFolder:
 
     def free_replaced(self) -> None:
         """Removes the replaced records `write_record` kept, and what
-        `free_kept` removes (any thread; the folder's removal takes them too)."""
+        `free_kept` removes, and bounds the history if a claim left that to
+        it (`_inherit`; else the next sweep does). Any thread; the folder's
+        removal takes the records too."""
         self.free_kept()
         with self._write_lock:
             names, self._replaced = self._replaced, []
+            prune, self._prune_history = self._prune_history, False
+        if prune:
+            remove_old_tombstones(self.path.parent)
         for name in names:
             try:
                 os.unlink(self.path / name)
@@ -304,7 +310,7 @@ class RunFolder:
         with self._write_lock:
             record = self._own_record()
             if record is not None:
-                keep_tombstone(self.path, record)
+                keep_tombstone(self.path, record, prune=heir is None)  # a claim's run's thread bounds the history
                 self.remove_later(set_aside(self.path))  # with the replaced records in it
                 self._replaced = []
         if heir is not None:
@@ -313,12 +319,14 @@ class RunFolder:
         return True
 
     def _inherit(self, ended: "RunFolder") -> None:
-        """Takes what `ended` (released for this claim) has left to remove."""
+        """Takes what `ended` (released for this claim) has left to remove,
+        and the bounding of the history its tombstone may have outgrown."""
         with ended._write_lock:
             trash, to_close, ended._trash, ended._to_close = ended._trash, ended._to_close, [], []
         with self._write_lock:
             self._trash += trash
             self._to_close += to_close
+            self._prune_history = True
 
     def remove_later(self, trash: Path | None) -> None:
         """Leaves a folder set aside (`liveness.set_aside`; None: nothing was

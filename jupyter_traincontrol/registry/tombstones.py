@@ -45,7 +45,7 @@ HISTORY_RUNS_PER_NAME = 5
 HISTORY_SECONDS = 7 * 24 * 3600.0
 
 
-def keep_tombstone(folder: Path, own: dict[str, Any] | None = None) -> None:
+def keep_tombstone(folder: Path, own: dict[str, Any] | None = None, prune: bool = True) -> None:
     """Keeps the last record of the run in `folder`, whose folder is about to
     go, in the history; one that is not valid is not kept. Never raises:
     without a tombstone, a waiting sender says the run is gone.
@@ -55,6 +55,8 @@ def keep_tombstone(folder: Path, own: dict[str, Any] | None = None) -> None:
         own: The record as this process read it from its own run's folder
             (`RunFolder.release`): a final one is moved as it is, not
             read and written again.
+        prune: Bound the history now (`remove_old_tombstones`). False: the
+            caller has it done later (a claim: by its run's thread).
     """
     if own is not None and own.get("state") in FINAL_STATES and own.get("end_reason") is not None:
         try:
@@ -62,7 +64,8 @@ def keep_tombstone(folder: Path, own: dict[str, Any] | None = None) -> None:
             os.replace(folder / RECORD_NAME, path)
             ended = _number(own.get("ended")) or time.time()
             os.utime(path, (ended, ended))
-            remove_old_tombstones(folder.parent)
+            if prune:
+                remove_old_tombstones(folder.parent)
         except (OSError, KeyError, TypeError):
             pass
         return
