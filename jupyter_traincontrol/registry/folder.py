@@ -72,7 +72,7 @@ class RunFolder:
         self._prepared: list[str] = []  # empty files made by `prepare_files`, for the next fast writes
         self._to_close: list[int] = []  # descriptors kept by `close_later`, until `free_kept`
         self._trash: list[Path] = []  # folders set aside for this run's thread to remove (`remove_later`)
-        self._prune_history = False  # the history to bound by this run's thread (`_inherit`)
+        self._prune_history = False  # the history to bound by this run's thread (`remove_later`)
 
     @property
     def record_path(self) -> Path:
@@ -214,7 +214,7 @@ class RunFolder:
     def free_replaced(self) -> None:
         """Removes the replaced records `write_record` kept, and what
         `free_kept` removes, and bounds the history if a claim left that to
-        it (`_inherit`; else the next sweep does). Any thread; the folder's
+        it (`remove_later`; else the next sweep does). Any thread; the folder's
         removal takes the records too."""
         self.free_kept()
         with self._write_lock:
@@ -311,29 +311,21 @@ class RunFolder:
             record = self._own_record()
             if record is not None:
                 keep_tombstone(self.path, record, prune=heir is None)  # a claim's run's thread bounds the history
-                self.remove_later(set_aside(self.path))  # with the replaced records in it
+                trash = set_aside(self.path)  # with the replaced records in it
                 self._replaced = []
-        if heir is not None:
-            heir._inherit(self)
+        if record is not None:
+            (heir or self).remove_later(trash, prune_history=heir is not None)
         self.free_replaced()
         return True
 
-    def _inherit(self, ended: "RunFolder") -> None:
-        """Takes what `ended` (released for this claim) has left to remove,
-        and the bounding of the history its tombstone may have outgrown."""
-        with ended._write_lock:
-            trash, to_close, ended._trash, ended._to_close = ended._trash, ended._to_close, [], []
-        with self._write_lock:
-            self._trash += trash
-            self._to_close += to_close
-            self._prune_history = True
-
-    def remove_later(self, trash: Path | None) -> None:
+    def remove_later(self, trash: Path | None, prune_history: bool = False) -> None:
         """Leaves a folder set aside (`liveness.set_aside`; None: nothing was
-        there) to `free_kept`."""
-        if trash is not None:
-            with self._write_lock:
+        there) to `free_kept`, and with `prune_history`, bounding the history
+        (a tombstone kept without it) to `free_replaced`."""
+        with self._write_lock:
+            if trash is not None:
                 self._trash.append(trash)
+            self._prune_history = self._prune_history or prune_history
 
     @property
     def ended(self) -> bool:
