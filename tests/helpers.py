@@ -76,6 +76,13 @@ def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
     raise AssertionError(f"Timed out after {timeout} s waiting for {message}")
 
 
+def wait_threads_ended(prefix: str = "traincontrol-", timeout: float = 5.0) -> None:
+    """Waits until no thread whose name starts with `prefix` is alive: a
+    run's thread ends by itself just after its run's end (nobody joins it)."""
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith(prefix)], timeout=timeout,
+               message=f"threads named {prefix}* to end")
+
+
 def unread_bytes(fifo) -> int:
     """Bytes written to a FIFO that its reader has not read yet.
 

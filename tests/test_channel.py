@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import wait_until
+from helpers import wait_drained, wait_until
 from jupyter_traincontrol.transport.channels import open_channel
 from jupyter_traincontrol.transport.fifo import FIFO_NAME
 from jupyter_traincontrol.transport.send import NotListeningError, deliver
@@ -129,6 +129,7 @@ def test_writer_processes_killed_mid_line_do_not_break_the_channel(channel):
     finally:
         child.kill()
         child.communicate()
+    wait_drained(channel.address)  # in one read with the next line, the remnant would be that line's start
     deliver(channel.address, "save")
     assert drain(channel, 1) == [Command.SAVE]
 
@@ -217,6 +218,37 @@ def test_stop_lets_the_reader_end_without_waiting_for_it_and_close_joins_it_and_
     assert not os.path.exists(address)
     with pytest.raises(NotListeningError):
         deliver(address, "stop", kind=kind)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "spool"])
+def test_end_removes_the_channel_at_once_and_the_thread_closes_the_rest_as_it_ends(folder, kind):
+    """A run's end: nobody waits for its thread, whose name is free at once."""
+    ch = open_channel(folder, kind, name="ending", health_check_seconds=0.01)
+    address = ch.address
+    time.sleep(0.05)  # a few health checks: none re-makes the channel once `end` removed it
+    lasts = []
+    ch.end(last=lambda: lasts.append(threading.current_thread().name))
+    assert not os.path.exists(address)
+    with pytest.raises(NotListeningError):
+        deliver(address, "stop", kind=kind)
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "traincontrol-reader-ending"], timeout=5,
+               message="the reader thread to end by itself")
+    assert lasts == ["traincontrol-reader-ending"]
+    if kind == "fifo":
+        assert ch._wake_w == ch._wake_r == ch._read_fd == -1, "the thread closed its descriptors"
+    time.sleep(0.05)
+    assert not os.path.exists(address)
+    ch.end()
+    ch.close()  # idempotent: nothing left to do
+    assert lasts == ["traincontrol-reader-ending"]
+
+
+def test_end_of_a_channel_whose_thread_never_started_does_everything_at_once(folder):
+    ch = open_channel(folder, "fifo", name="unstarted", start=False)
+    lasts = []
+    ch.end(last=lambda: lasts.append("last"))
+    assert lasts == ["last"] and not os.path.exists(folder / FIFO_NAME)
+    assert ch._wake_w == ch._read_fd == -1
 
 
 def test_unknown_channel_kind_is_a_clear_error(folder):

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import At, cli, wait_until
+from helpers import At, cli, wait_threads_ended, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.transport.fifo import FIFO_NAME
 from jupyter_traincontrol.transport.send import NotListeningError, deliver
@@ -443,7 +443,7 @@ def test_a_save_of_a_model_keras_cannot_serialize_is_answered_failed_and_fit_goe
     assert end == (f"Could not write a checkpoint in {tmp_path / 'ck'}: RuntimeError: this layer cannot be serialized; "
                    "there is no earlier checkpoint.")
     assert not (tmp_path / "ck").exists()  # nothing half-written: the folder the run made held nothing, and went
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("traincontrol-")]
+    wait_threads_ended()
 
 
 def test_ending_a_lost_run_waits_for_an_end_another_thread_began(make_model, tiny_data, tmp_path):

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_until
+from helpers import wait_threads_ended, wait_until
 
 from jupyter_traincontrol.system.private_fs import UnsafePathError
+from jupyter_traincontrol.registry.leftovers import Leftovers
 from jupyter_traincontrol.registry import (
     NameTakenError,
     RunFolder,
@@ -410,7 +411,7 @@ def test_a_run_has_one_thread_which_publishes_soon_and_ticks(runtime_dir, tmp_pa
     finally:
         run.close(RunState.FINISHED)
     assert find_run("onethread")["state"] == "finished"
-    assert not [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("traincontrol-")]
+    wait_threads_ended()  # by itself, after close
     run.publish_soon()  # after close: nothing to wake
     assert find_run("onethread")["state"] == "finished"
 
@@ -508,20 +509,20 @@ def test_a_checkpoint_folder_a_fit_left_empty_is_freed_by_the_runs_thread_as_it_
         return held
 
     closers = []
-    free_kept = RunFolder.free_kept
+    free_kept = Leftovers.free_kept
 
     def noted_free_kept(self):
-        if self._to_close:
-            closers.append((threading.current_thread().name, removed_folder_fds() == self._to_close))
+        if self._descriptors:
+            closers.append((threading.current_thread().name, removed_folder_fds() == self._descriptors))
         free_kept(self)
 
-    monkeypatch.setattr(RunFolder, "free_kept", noted_free_kept)
+    monkeypatch.setattr(Leftovers, "free_kept", noted_free_kept)
     model, (x, y) = make_model(), tiny_data
     callback = ControlCallback(name="empty", checkpoint_dir=ckpt, save_at_end=False, verbose=False, handle_sigint=False)
     for _fit in range(3):
         model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])
         assert not ckpt.exists()  # removed as the run let go of it
-        assert removed_folder_fds() == []
+        wait_until(lambda: removed_folder_fds() == [], timeout=5, message="the run's thread to close the folder")
     assert closers == [("traincontrol-reader-empty", True)] * 3
 
 
@@ -530,24 +531,29 @@ def test_a_claim_of_an_ended_runs_name_stages_once_and_leaves_the_old_folder_to_
     """A new callback of the same name each `fit`: the ended run's folder is
     set aside before the claim stages its own (once), and removing it is left
     to the new run's thread (freeing its files took the training thread
-    about 0.5 ms on ext4), as is bounding the history its record joined."""
+    about 0.5 ms on ext4), as are bounding the history its record joined and
+    the claim's sweep of dead runs (about 0.3 ms)."""
     from jupyter_traincontrol.protocol import RunState
-    from jupyter_traincontrol.registry import folder as folder_module
+    from jupyter_traincontrol.registry import folder as folder_module, leftovers, liveness, tombstones
     from jupyter_traincontrol.run import RunLifecycle
 
     first = RunLifecycle("again", tmp_path / "a").open()
     first.close(RunState.FINISHED)
-    from jupyter_traincontrol.registry import tombstones
+    wait_threads_ended()  # the first run's (its sweep of dead runs too)
 
-    staged, removed_by, pruned_by = [], [], []
-    mkdtemp, rmtree = folder_module.tempfile.mkdtemp, folder_module.shutil.rmtree
-    prune = folder_module.remove_old_tombstones
-    monkeypatch.setattr(folder_module, "remove_old_tombstones",
-                        lambda root: pruned_by.append(threading.current_thread().name) or prune(root))
+    staged, removed_by, pruned_by, swept_by = [], [], [], []
+    mkdtemp, rmtree = folder_module.tempfile.mkdtemp, leftovers.shutil.rmtree
+    prune, sweep = tombstones.remove_old_tombstones, leftovers.sweep_dead_runs
+    for module in (leftovers, liveness):  # bounded alone, or by the sweep
+        monkeypatch.setattr(module, "remove_old_tombstones",
+                            lambda root: pruned_by.append(threading.current_thread().name) or prune(root))
     monkeypatch.setattr(tombstones, "remove_old_tombstones",  # as the ended run's record becomes a tombstone
                         lambda root: pruned_by.append("keep_tombstone") or prune(root))
+    monkeypatch.setattr(leftovers, "sweep_dead_runs",
+                        lambda root: swept_by.append(threading.current_thread().name) or sweep(root))
+    monkeypatch.setattr(folder_module, "sweep_dead_runs", lambda root: swept_by.append("claim") or sweep(root))
     monkeypatch.setattr(folder_module.tempfile, "mkdtemp", lambda **kw: staged.append(1) or mkdtemp(**kw))
-    monkeypatch.setattr(folder_module.shutil, "rmtree",
+    monkeypatch.setattr(leftovers.shutil, "rmtree",
                         lambda path, **kw: removed_by.append((Path(path).name[:9], threading.current_thread().name))
                         or rmtree(path, **kw))
     second = RunLifecycle("again", tmp_path / "b").open()
@@ -555,7 +561,8 @@ def test_a_claim_of_an_ended_runs_name_stages_once_and_leaves_the_old_folder_to_
         assert staged == [1]
         wait_until(lambda: removed_by and pruned_by, timeout=5, message="the ended run's folder removed")
         assert removed_by == [(".removed-", "traincontrol-reader-again")]
-        assert pruned_by == ["traincontrol-reader-again"]  # the history bounded there too
+        assert pruned_by == ["traincontrol-reader-again"]  # the history bounded there too, by the sweep
+        assert swept_by == ["traincontrol-reader-again"]
         assert not [p.name for p in runtime_dir.iterdir() if p.name.startswith((".removed-", ".claim-"))]
     finally:
         second.close(RunState.FINISHED)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from helpers import (PROGRAMS, TrainingProcess, cli, press_ctrl_c_twice_the_second_in_a_gc_callback, read_sidecar,
-                     run_program, wait_until)
+                     run_program, wait_threads_ended, wait_until)
 from jupyter_traincontrol import TrainLoop
 from jupyter_traincontrol.registry import find_run
 from jupyter_traincontrol.transport.send import deliver
@@ -270,7 +270,7 @@ def test_a_loop_whose_save_fails_is_answered_failed_goes_on_and_ends_with_nothin
     failures = [e["message"] for e in record["events"] if e["kind"] == "error"]
     assert len(failures) == 2 and all("this state cannot be saved" in m for m in failures)  # the save, the end's
     assert record["state"] == "finished" and record["fifo"] is None
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("traincontrol-")]
+    wait_threads_ended()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # Python's report of the swallowed one

@@ -3,12 +3,10 @@
 A run folder appears whole, by renaming a prepared one (with its lock link
 and first record) into place, or not at all. A record stays, with its final
 state, while its process lives; `release` removes the folder (keeping its
-last record in the history of ended runs, `tombstones`), and every folder
-this process claimed is released when it exits (`release_all`). A process
-keeps its newest `ENDED_RUNS_KEPT` ended runs in a registry: a claim
-releases older ones into the history, so a loop that makes a new run each
-`fit` does not grow the registry, or the cost of the next claim, without
-bound.
+last record in the history, `tombstones`), and every folder this process
+claimed is released when it exits (`release_all`). A claim releases this
+process's ended runs beyond the newest `ENDED_RUNS_KEPT` into the history:
+a loop that makes a new run each `fit` does not grow the registry.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from __future__ import annotations
 import atexit
 import errno
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -29,10 +26,11 @@ from ..system.flock import ProcessLock
 from ..system.private_fs import (
     check_private, ensure_private_dir, file_identity, make_empty_file, open_dir, read_json, write_json_atomic,
 )
+from .leftovers import Leftovers
 from .listing import unique_name
 from .liveness import LOCK_NAME, folder_is_live, move_away, remove_if_dead, set_aside, sweep_dead_runs
 from .paths import CLAIM_PREFIX, RECORD_NAME, NameTakenError, registry_root, validate_name
-from .tombstones import keep_tombstone, remove_old_tombstones
+from .tombstones import keep_tombstone
 
 __all__ = ["ENDED_RUNS_KEPT", "RunFolder", "release_all"]
 
@@ -68,11 +66,9 @@ class RunFolder:
         self._write_lock = threading.RLock()  # re-entrant: defensive, a signal handler may land mid-write
         self.dir_fd = -1  # the folder, opened once: writes go through it, not through its path
         self._written: tuple[int, int, int] | None = None  # the identity of the record this run wrote last
-        self._replaced: list[str] = []  # second names of replaced records, kept until `free_replaced`
+        self._last_record: dict[str, Any] = {}  # and what it holds (`_own_record` reads no file it wrote)
         self._prepared: list[str] = []  # empty files made by `prepare_files`, for the next fast writes
-        self._to_close: list[int] = []  # descriptors kept by `close_later`, until `free_kept`
-        self._trash: list[Path] = []  # folders set aside for this run's thread to remove (`remove_later`)
-        self._prune_history = False  # the history to bound by this run's thread (`remove_later`)
+        self._leftovers = Leftovers()  # for this run's thread: `free_kept`, `free_replaced`
 
     @property
     def record_path(self) -> Path:
@@ -80,7 +76,8 @@ class RunFolder:
         return self.path / RECORD_NAME
 
     @classmethod
-    def claim(cls, name: str, root: Path | None = None, run_id: str | None = None) -> "RunFolder":
+    def claim(cls, name: str, root: Path | None = None, run_id: str | None = None, *,
+              sweep_later: bool = False) -> "RunFolder":
         """Creates the private folder of a new run named `name`, atomically:
         the folder appears with its lock and first record (state
         ``starting``), or not at all.
@@ -89,6 +86,8 @@ class RunFolder:
             name: The run's name; see `validate_name`.
             root: The registry folder. Defaults to `registry_root()`.
             run_id: The run instance's id. Defaults to a new one.
+            sweep_later: Leave the sweep of dead runs to `free_replaced` (the
+                run's thread); the folder of `name` is freed, if dead, anyway.
 
         Returns:
             The claimed folder.
@@ -100,8 +99,12 @@ class RunFolder:
         """
         validate_name(name)
         root = ensure_private_dir(Path(root) if root else registry_root())
-        sweep_dead_runs(root)  # so `echo stop > FIFO` never waits on a dead run's FIFO
-        return cls._claim_swept(name, root, run_id)
+        if not sweep_later:
+            sweep_dead_runs(root)  # so `echo stop > FIFO` never waits on a dead run's FIFO
+        claimed = cls._claim_swept(name, root, run_id)
+        if sweep_later:
+            claimed._leftovers.tidy_later(sweep=True)
+        return claimed
 
     @classmethod
     def _claim_swept(cls, name: str, root: Path, run_id: str | None) -> "RunFolder":
@@ -132,15 +135,17 @@ class RunFolder:
         return run_folder
 
     @classmethod
-    def claim_any(cls, name: str | None, root: Path | None = None, run_id: str | None = None) -> "RunFolder":
-        """Claims `name` (see `claim`), or with None the first free ``run-N``.
+    def claim_any(cls, name: str | None, root: Path | None = None, run_id: str | None = None, *,
+                  sweep_later: bool = False) -> "RunFolder":
+        """Claims `name` (see `claim`, which `sweep_later` goes to), or with
+        None the first free ``run-N`` (after a sweep: a dead run's name is free).
 
         Raises:
             NameTakenError: If a live run has `name`, or no ``run-N`` stayed
                 free long enough to be claimed.
         """
         if name is not None:
-            return cls.claim(name, root, run_id=run_id)
+            return cls.claim(name, root, run_id=run_id, sweep_later=sweep_later)
         root = ensure_private_dir(Path(root) if root else registry_root())
         for _attempt in range(20):
             try:  # unique_name sweeps the registry first: one sweep a claim, not two
@@ -161,14 +166,10 @@ class RunFolder:
 
         Args:
             record: The fields to write; `base_record` fields are added.
-            keep_replaced: For the training thread: give the record being
-                replaced a second name first, so the rename does not free
-                its file, and write into a file `prepare_files` made, if
-                one is ready, rather than create one. On ext4 the two are
-                most of a write's time (the freeing 0.2-0.3 ms, the
-                creation 0.05-0.2 ms, of 0.4 ms), which the training
-                thread then does not wait for. `free_replaced` and
-                `prepare_files` (the run's thread) do that work later.
+            keep_replaced: For the training thread: keep the replaced file
+                under a second name (its freeing, 0.2-0.3 ms on ext4, is left
+                to `free_replaced`) and write into a file `prepare_files`
+                made, if one is ready (its creation, 0.05-0.2 ms, too).
         """
         with self._write_lock:
             if self.dir_fd < 0:
@@ -177,8 +178,9 @@ class RunFolder:
             if keep_replaced:
                 self._keep_replaced()
                 prepared = self._prepared.pop() if self._prepared else None
-            self._written = write_json_atomic(self.record_path, self._full_record(record), dir_fd=self.dir_fd,
-                                              into=prepared)
+            full = self._full_record(record)
+            self._written = write_json_atomic(self.record_path, full, dir_fd=self.dir_fd, into=prepared)
+            self._last_record = full
 
     def _keep_replaced(self) -> None:
         name = f".{RECORD_NAME}.replaced-{uuid.uuid4().hex[:12]}"
@@ -186,7 +188,7 @@ class RunFolder:
             os.link(RECORD_NAME, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd, follow_symlinks=False)
         except (OSError, NotImplementedError):
             return  # no record yet, or no hard links here: the rename frees it
-        self._replaced.append(name)
+        self._leftovers.unlink_later(self.path / name)
 
     def close_later(self, fd: int) -> None:
         """Keeps `fd`, the last descriptor of a folder removed (a checkpoint
@@ -195,7 +197,7 @@ class RunFolder:
         then does not wait for. Once the run has ended, closes it now."""
         with self._write_lock:
             if self.dir_fd >= 0:
-                self._to_close.append(fd)
+                self._leftovers.close_later(fd)
                 return
         os.close(fd)
 
@@ -203,30 +205,13 @@ class RunFolder:
         """Frees what was left to this run's thread: closes what
         `close_later` kept and removes the folders set aside for it
         (`remove_later`). Any thread; the run's, as it ends."""
-        with self._write_lock:
-            descriptors, self._to_close = self._to_close, []
-            trash, self._trash = self._trash, []
-        for fd in descriptors:
-            os.close(fd)
-        for folder in trash:
-            shutil.rmtree(folder, ignore_errors=True)
+        self._leftovers.free_kept()
 
     def free_replaced(self) -> None:
-        """Removes the replaced records `write_record` kept, and what
-        `free_kept` removes, and bounds the history if a claim left that to
-        it (`remove_later`; else the next sweep does). Any thread; the folder's
-        removal takes the records too."""
-        self.free_kept()
-        with self._write_lock:
-            names, self._replaced = self._replaced, []
-            prune, self._prune_history = self._prune_history, False
-        if prune:
-            remove_old_tombstones(self.path.parent)
-        for name in names:
-            try:
-                os.unlink(self.path / name)
-            except OSError:
-                pass  # the folder went away (released, or its name was taken over)
+        """Removes the replaced records `write_record` kept and what
+        `free_kept` removes, and tidies the registry as `claim` or
+        `remove_later` left it to (else the next sweep does). Any thread."""
+        self._leftovers.free_all(self.path.parent)
 
     def prepare_files(self) -> None:
         """Makes the empty files the training thread's next record writes
@@ -250,13 +235,9 @@ class RunFolder:
 
     def reopen(self, run_id: str) -> bool:
         """Takes the folder again for a new run of the same name and process
-        (a reused callback's next `fit`), if it is still this process's
-        ended run's: no new folder, lock or tombstone. The caller writes
-        the new run's record.
-
-        Returns:
-            False if the folder is no longer ours (the caller claims anew).
-        """
+        (a reused callback's next `fit`), if it still holds this process's
+        ended run: no new folder, lock or tombstone. The caller writes the
+        new run's record. Returns False if it does not (claim anew)."""
         with self._write_lock:
             if self._released or self.dir_fd >= 0 or not (self._wrote_what_is_there() or self.owns_folder()):
                 return False
@@ -289,7 +270,12 @@ class RunFolder:
         return self._own_record() is not None
 
     def _own_record(self) -> dict[str, Any] | None:
-        """The record on disk, if the folder still belongs to this run."""
+        """The record on disk, if the folder still belongs to this run (not
+        read again if it is the very file this run wrote last)."""
+        with self._write_lock:
+            if self._wrote_what_is_there():
+                record = self._last_record
+                return record if record.get("run_id") == self.run_id else None
         record = read_json(self.record_path)
         return record if isinstance(record, dict) and record.get("run_id") == self.run_id else None
 
@@ -312,26 +298,28 @@ class RunFolder:
             if record is not None:
                 keep_tombstone(self.path, record, prune=heir is None)  # a claim's run's thread bounds the history
                 trash = set_aside(self.path)  # with the replaced records in it
-                self._replaced = []
+                self._leftovers.forget_files()
         if record is not None:
             (heir or self).remove_later(trash, prune_history=heir is not None)
-        self.free_replaced()
+        if heir is None:
+            self.free_replaced()
+        else:  # all of it, by the claim's run's thread: even what this run's thread had no time for
+            self._leftovers.hand_to(heir._leftovers)
         return True
 
     def remove_later(self, trash: Path | None, prune_history: bool = False) -> None:
         """Leaves a folder set aside (`liveness.set_aside`; None: nothing was
         there) to `free_kept`, and with `prune_history`, bounding the history
         (a tombstone kept without it) to `free_replaced`."""
-        with self._write_lock:
-            if trash is not None:
-                self._trash.append(trash)
-            self._prune_history = self._prune_history or prune_history
+        if trash is not None:
+            self._leftovers.remove_later(trash)
+        if prune_history:
+            self._leftovers.tidy_later(sweep=False)
 
     @property
     def ended(self) -> bool:
         """True while the folder is claimed and its run has ended (sealed, not reopened)."""
         return not self._released and self.dir_fd < 0
-
 
 
 def _free_name(folder: Path, name: str, heir: RunFolder) -> None:
@@ -343,6 +331,8 @@ def _free_name(folder: Path, name: str, heir: RunFolder) -> None:
         NameTakenError: If the run there is still active.
         UnsafePathError: If `folder` is not a private folder of ours.
     """
+    if _release_own(folder, heir, only_ended=True):  # an ended run of this process: its record is not read
+        return
     try:
         check_private(folder, os.lstat(folder), kind="dir")
     except FileNotFoundError:
@@ -359,12 +349,16 @@ def _free_name(folder: Path, name: str, heir: RunFolder) -> None:
             f"A run named {name!r} is already {shown} (pid {shorten(repr(pid), 80)}). "
             "Choose another name, or stop that run first."
         )
-    for claimed in list(_claimed_in_this_process):
-        if claimed.path == folder and claimed.owns_folder():
-            claimed._release(only_ended=False, heir=heir)  # an ended run of this process: let go of it now
-            return
-    keep_tombstone(folder)  # an ended run of a live process: its record goes to the history
-    heir.remove_later(set_aside(folder))
+    if not _release_own(folder, heir, only_ended=False):  # ended, of this process: let go of it now
+        keep_tombstone(folder)  # an ended run of another live process: its record goes to the history
+        heir.remove_later(set_aside(folder))
+
+
+def _release_own(folder: Path, heir: RunFolder, only_ended: bool) -> bool:
+    """Releases `folder` for `heir` if this process claimed it, it still
+    holds its run's record, and (with `only_ended`) that run has ended."""
+    return any(claimed.path == folder and (claimed.ended or not only_ended) and claimed.owns_folder()
+               and claimed._release(only_ended=only_ended, heir=heir) for claimed in list(_claimed_in_this_process))
 
 
 _claimed_in_this_process: set[RunFolder] = set()

@@ -139,7 +139,8 @@ class RunLifecycle:
         if previous is None or previous.name != (self._requested_name or previous.name) \
                 or not previous.reopen(self.run_id):  # an ended run of this object: its folder serves again
             self.forget()  # the record of an earlier, ended run of this object
-            self._folder = RunFolder.claim_any(self._requested_name, self._registry, run_id=self.run_id)
+            self._folder = RunFolder.claim_any(self._requested_name, self._registry, run_id=self.run_id,
+                                               sweep_later=True)  # by the run's thread (`free_replaced`)
         self.name = self._folder.name
         self.store = CheckpointStore(  # the tool's own default folder is made private
             self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
@@ -174,8 +175,9 @@ class RunLifecycle:
         return self
 
     def close(self, final_state: RunState | str, error: str | None = None, end_reason: str | None = None) -> None:
-        """Ends the run: stops the publisher and the channel, records
-        `final_state` while the run's thread ends, then joins that thread.
+        """Ends the run: stops the publisher, removes the channel, and
+        records `final_state` while the run's thread ends by itself
+        (closing its descriptors and what the run left it; nobody waits).
 
         The record stays, with its final state, while this process lives.
         Idempotent: only the first call after `open` has an effect.
@@ -201,16 +203,13 @@ class RunLifecycle:
             self.end_reason = end_reason or _default_end_reason(final_state)
             channel, self.channel = self.channel, None
             self.unfollow()
-        if self.publisher is not None:
-            self.publisher.stop()  # first: nothing wakes the channel's thread once it is closed
-        if channel is not None:
-            channel.stop(last=self._folder.free_kept)  # it ends while the last record is written (`publish` keeps them in order)
+        chores = self.publisher.stop(then=self._folder.free_kept)  # first: nothing wakes the thread later
+        if channel is not None:  # removed now; its thread ends by itself, doing `chores`, while the last
+            channel.end(last=chores)  # record is written (`publish` keeps the records in order)
         try:
             self.move_to(final_state)  # the last record
         finally:
-            if channel is not None:
-                channel.close()  # joins its thread; removes the channel while the folder is open
-        self._folder.seal()
+            self._folder.seal()
 
     def forget(self) -> None:
         """Removes the run's record from the registry (after `close`)."""

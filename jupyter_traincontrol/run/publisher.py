@@ -77,18 +77,27 @@ class Publisher:
             self._chores = []
             self._wake = wake
 
-    def stop(self) -> None:
-        """Stops ticking: a pending `publish_soon` or `run_soon` is dropped
-        (the run's closing writes the last record: a short `fit` waits for
-        no other). Idempotent."""
+    def stop(self, then: Callable[[], None] | None = None) -> Callable[[], None]:
+        """Stops ticking: a pending `publish_soon` is dropped (the run's
+        closing writes the last record: a short `fit` waits for no other).
+        Idempotent.
+
+        Args:
+            then: A last chore, done after those left.
+
+        Returns:
+            What does the chores `run_soon` left undone, then `then`: for
+            the caller to have done (by the run's thread, as it ends).
+        """
         with self._lock:
             self._wake = None
             self._soon_at = self._chores_at = None
-            self._chores = []
+            chores, self._chores = self._chores, []
+        return lambda: _do(chores + ([then] if then is not None else []))
 
     def run_soon(self, chore: Callable[[], None]) -> None:
         """Has the driving thread call `chore()` within `_SOON_DELAY` (work
-        the caller leaves to it); dropped if the publisher stops first. Any thread."""
+        the caller leaves to it); if the publisher stops first, `stop` returns it. Any thread."""
         with self._lock:
             wake = self._wake
             if wake is None:
@@ -133,11 +142,7 @@ class Publisher:
                 self._soon_at = None
             if ticking:
                 self._next_tick = now + PUBLISH_INTERVAL_SECONDS
-        for work in chores + (list(self._tick_hooks) if ticking else []):
-            try:
-                work()
-            except Exception:
-                logger.exception("A run tick hook or chore failed")
+        _do(chores + (list(self._tick_hooks) if ticking else []))
         if not (ticking or soon):
             return
         try:
@@ -145,3 +150,12 @@ class Publisher:
                 self._on_published()
         except Exception:  # the thread reads commands too: it must outlive a failed write
             logger.exception("Publishing the run's record failed")
+
+
+def _do(chores: list[Callable[[], None]]) -> None:
+    """Calls each of `chores`; one that fails is logged, and the next goes on."""
+    for work in chores:
+        try:
+            work()
+        except Exception:
+            logger.exception("A run tick hook or chore failed")

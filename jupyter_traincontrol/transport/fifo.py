@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import select
 import stat
+import threading
 from pathlib import Path
 
 from ..protocol import LineDecoder
@@ -38,6 +39,7 @@ class FifoChannel(CommandChannel):
         self._decoder = LineDecoder()
         self._read_fd = -1
         self._keepalive_fd = -1
+        self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)  # a full pipe wakes the reader already
@@ -125,20 +127,23 @@ class FifoChannel(CommandChannel):
         self._on_notice(f"The FIFO {self.path} was {what}; re-created it.")
 
     def _wake_reader(self) -> None:
-        wake_w = self._wake_w
-        if wake_w < 0:
-            return
-        try:
-            os.write(wake_w, b"x")
-        except OSError:  # full (a wake-up waits already) or closed
-            pass
+        with self._wake_lock:  # never a write into a descriptor closed meanwhile (its number reused)
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:  # full: a wake-up waits already
+                pass
 
-    def _release(self) -> None:
+    def _close_descriptors(self) -> None:
         self._close_fds()
-        wake_r, wake_w = self._wake_r, self._wake_w
-        self._wake_r = self._wake_w = -1
+        with self._wake_lock:
+            wake_r, wake_w = self._wake_r, self._wake_w
+            self._wake_r = self._wake_w = -1
         os.close(wake_r)
         os.close(wake_w)
+
+    def _remove(self) -> None:
         name, at = self._at()
         try:
             if stat.S_ISFIFO(os.stat(name, follow_symlinks=False, **at).st_mode):

@@ -90,8 +90,10 @@ class CommandChannel:
         #: queued: the driver of the training is told a command waits.
         self.on_request: Callable[[], None] | None = None
         self._closed = threading.Event()  # set by `stop`: the reader ends
-        self._close_lock = threading.Lock()
-        self._released = False  # set by `close`: joined, and removed from disk
+        self._close_lock = threading.RLock()  # held by the reader while it repairs the channel, so none follows `stop`
+        self._done: set[str] = set()  # `_remove` and `_close_descriptors`, once done (`_once`)
+        self._close_at_end = False  # set by `end`: the thread closes the descriptors as it ends
+        self._reader_done = False  # set by the thread as it ends
         self._last: Callable[[], None] | None = None  # left by `stop` to the thread
         self._ticker: Ticker | None = None
         self._thread = threading.Thread(
@@ -158,25 +160,47 @@ class CommandChannel:
             last: Work left to the thread, which calls it as it ends (or
                 `close`, if the thread never ran).
         """
-        with self._close_lock:
+        with self._close_lock:  # after a repair of the channel in progress: none comes after this
             if self._closed.is_set():
                 return
             self._last = last
             self._closed.set()
         self._wake_reader()
 
+    def end(self, last: Callable[[], None] | None = None) -> None:
+        """`stop`, and removes the channel from disk now; the thread closes
+        its descriptors as it ends, after `last`, and nobody waits for it
+        (a run's end: its last record is written meanwhile). Its own name is
+        then free for the next run at once. Idempotent; any thread.
+
+        Args:
+            last: As for `stop`.
+        """
+        with self._close_lock:
+            self._close_at_end = True
+            done = self._reader_done or self._thread.ident is None
+        self.stop(last)
+        self._once(self._remove)
+        if done:  # the thread never started, or has ended: nothing else will
+            self.close()
+
     def close(self) -> None:
         """Stops the reader, joins its thread and removes the channel from
-        disk. Idempotent."""
-        with self._close_lock:
-            if self._released:
-                return
-            self._released = True
+        disk. Idempotent; when it returns, the thread has ended."""
         self.stop()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         self._do_last()
-        self._release()
+        self._once(self._remove)
+        self._once(self._close_descriptors)
+
+    def _once(self, action: Callable[[], None]) -> None:
+        """Calls `action` (a method) unless it was called already, from any thread."""
+        with self._close_lock:
+            if action.__name__ in self._done:
+                return
+            self._done.add(action.__name__)
+        action()
 
     def _do_last(self) -> None:
         """Calls what `stop` left to the thread, once."""
@@ -214,7 +238,9 @@ class CommandChannel:
                     ticker.tick()
                 if time.monotonic() >= next_check and not self._closed.is_set():
                     next_check = time.monotonic() + interval
-                    self._check_health()
+                    with self._close_lock:  # `stop` waits for a repair: no FIFO is re-made after `end` removed it
+                        if not self._closed.is_set():
+                            self._check_health()
                 last_problem = None
             except Exception as error:  # the reader must outlive any hiccup
                 problem = f"Command channel problem: {error}"
@@ -223,6 +249,11 @@ class CommandChannel:
                 last_problem = problem
                 self._closed.wait(interval)
         self._do_last()
+        with self._close_lock:
+            self._reader_done = True
+            close_now = self._close_at_end
+        if close_now:
+            self._once(self._close_descriptors)
 
     # Subclass interface.
     def _read_some(self, timeout: float) -> None:
@@ -235,5 +266,8 @@ class CommandChannel:
         """Makes a blocked `_read_some` return at once (and the next one,
         if none is blocked now)."""
 
-    def _release(self) -> None:
-        """Closes descriptors and removes files; runs once, after the reader."""
+    def _remove(self) -> None:
+        """Removes the channel from disk; runs once, after `stop`."""
+
+    def _close_descriptors(self) -> None:
+        """Closes the channel's descriptors; runs once, after the reader."""

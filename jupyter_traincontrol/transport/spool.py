@@ -70,7 +70,7 @@ class SpoolChannel(CommandChannel):
             os.makedirs(self.path, mode=0o700, exist_ok=True)
             self._on_notice(f"The inbox {self.path} was deleted; re-created it.")
 
-    def _release(self) -> None:
+    def _remove(self) -> None:
         for leftover in self.path.glob("*"):
             leftover.unlink(missing_ok=True)
         try:
