@@ -526,24 +526,24 @@ def test_a_checkpoint_folder_a_fit_left_empty_is_freed_by_the_runs_thread_as_it_
     assert closers == [("traincontrol-reader-empty", True)] * 3
 
 
-def test_a_claim_of_an_ended_runs_name_stages_once_and_leaves_the_old_folder_to_its_runs_thread(
+def test_a_claim_of_an_ended_run_of_this_process_takes_its_folder_over_and_leaves_the_rest_to_its_runs_thread(
         runtime_dir, tmp_path, monkeypatch):
-    """A new callback of the same name each `fit`: the ended run's folder is
-    set aside before the claim stages its own (once), and removing it is left
-    to the new run's thread (freeing its files took the training thread
-    about 0.5 ms on ext4), as are bounding the history its record joined and
-    the claim's sweep of dead runs (about 0.3 ms)."""
+    """A new callback of the same name each `fit`: the ended run's record goes
+    to the history and its folder serves the new run as it is (no staging,
+    no folder removed); bounding the history and the claim's sweep of dead
+    runs (about 0.3 ms) are left to the new run's thread."""
     from jupyter_traincontrol.protocol import RunState
     from jupyter_traincontrol.registry import folder as folder_module, leftovers, liveness, tombstones
     from jupyter_traincontrol.run import RunLifecycle
 
     first = RunLifecycle("again", tmp_path / "a").open()
+    first.publish_soon()  # replaced records and files made ahead: the new run takes them over too
     first.close(RunState.FINISHED)
     wait_threads_ended()  # the first run's (its sweep of dead runs too)
+    old_folder = first._folder.path.stat().st_ino
 
-    staged, removed_by, pruned_by, swept_by = [], [], [], []
-    mkdtemp, rmtree = folder_module.tempfile.mkdtemp, leftovers.shutil.rmtree
-    prune, sweep = tombstones.remove_old_tombstones, leftovers.sweep_dead_runs
+    staged, pruned_by, swept_by = [], [], []
+    mkdtemp, prune, sweep = folder_module.tempfile.mkdtemp, tombstones.remove_old_tombstones, leftovers.sweep_dead_runs
     for module in (leftovers, liveness):  # bounded alone, or by the sweep
         monkeypatch.setattr(module, "remove_old_tombstones",
                             lambda root: pruned_by.append(threading.current_thread().name) or prune(root))
@@ -553,20 +553,25 @@ def test_a_claim_of_an_ended_runs_name_stages_once_and_leaves_the_old_folder_to_
                         lambda root: swept_by.append(threading.current_thread().name) or sweep(root))
     monkeypatch.setattr(folder_module, "sweep_dead_runs", lambda root: swept_by.append("claim") or sweep(root))
     monkeypatch.setattr(folder_module.tempfile, "mkdtemp", lambda **kw: staged.append(1) or mkdtemp(**kw))
-    monkeypatch.setattr(leftovers.shutil, "rmtree",
-                        lambda path, **kw: removed_by.append((Path(path).name[:9], threading.current_thread().name))
-                        or rmtree(path, **kw))
     second = RunLifecycle("again", tmp_path / "b").open()
     try:
-        assert staged == [1]
-        wait_until(lambda: removed_by and pruned_by, timeout=5, message="the ended run's folder removed")
-        assert removed_by == [(".removed-", "traincontrol-reader-again")]
-        assert pruned_by == ["traincontrol-reader-again"]  # the history bounded there too, by the sweep
+        assert staged == [] and second._folder.path.stat().st_ino == old_folder
+        wait_until(lambda: pruned_by and swept_by, timeout=5, message="the new run's thread to tidy the registry")
+        assert pruned_by == ["traincontrol-reader-again"]  # the history bounded there, by the sweep
         assert swept_by == ["traincontrol-reader-again"]
+        assert find_run("again")["run_id"] == second.run_id
+        assert first.run_id in [r["run_id"] for r in list_runs(ended=True) if r["name"] == "again"]  # in the history
+        wait_until(lambda: sorted(p.name for p in second._folder.path.iterdir() if not p.name.endswith(".tmp"))
+                   == ["control", "lock", "run.json"], timeout=5, message="the replaced records removed (files made ahead stay)")
         assert not [p.name for p in runtime_dir.iterdir() if p.name.startswith((".removed-", ".claim-"))]
+        with pytest.raises(NameTakenError, match="already starting"):
+            first.open()  # the first run's object again: its folder is the live second's now
     finally:
         second.close(RunState.FINISHED)
-    assert first.run_id in [r["run_id"] for r in list_runs(ended=True) if r["name"] == "again"]  # in the history
+    assert find_run("again")["run_id"] == second.run_id
+    first.open()  # ended now: taken over again, by the first object
+    first.close(RunState.FINISHED)
+    assert {first.run_id, second.run_id} <= {r["run_id"] for r in list_runs(ended=True) if r["name"] == "again"}
 
 
 def test_a_folder_a_process_set_aside_and_never_removed_is_swept_once_old(runtime_dir, monkeypatch):

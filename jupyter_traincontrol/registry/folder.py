@@ -112,7 +112,11 @@ class RunFolder:
         folder = root / name
         run_folder = cls(name, folder, run_id or uuid.uuid4().hex)
         lock = ProcessLock.path_for(root)
+        taken_over = False
         for _attempt in range(_CLAIM_ATTEMPTS):
+            taken_over = _release_own(folder, run_folder, only_ended=True, keep_folder=True)
+            if taken_over:
+                break  # an ended run of this process: its folder serves as it is (its record in the history)
             if os.path.lexists(folder):  # freed first (its run has ended), not after a staging made in vain
                 _free_name(folder, name, heir=run_folder)
             staging = Path(tempfile.mkdtemp(prefix=CLAIM_PREFIX, dir=root))
@@ -130,6 +134,8 @@ class RunFolder:
         else:
             raise NameTakenError(f"Could not claim the name {name!r}: other processes keep taking it.")
         run_folder.dir_fd = open_dir(folder)
+        if taken_over:  # its first record now, into a file made ahead
+            run_folder.write_record({"state": RunState.STARTING.value}, keep_replaced=True)
         _claimed_in_this_process.add(run_folder)
         _release_old_ended_runs(root)
         return run_folder
@@ -284,9 +290,10 @@ class RunFolder:
         last record in the history (see `tombstones`). Idempotent."""
         self._release(only_ended=False)
 
-    def _release(self, *, only_ended: bool, heir: "RunFolder | None" = None) -> bool:
-        """`release`; with `heir` (a claim of this name), what is left to
-        remove (the folder, set aside) is left to the heir's run's thread."""
+    def _release(self, *, only_ended: bool, heir: "RunFolder | None" = None, keep_folder: bool = False) -> bool:
+        """`release`; with `heir` (a claim of this name), what is left to do
+        (the folder set aside, removed) is left to the heir's run's thread,
+        and with `keep_folder` the heir takes the folder as it is."""
         with self._write_lock:
             if self._released or only_ended and self.dir_fd >= 0:  # gone already, or (re)opened by its run
                 return False
@@ -297,8 +304,11 @@ class RunFolder:
             record = self._own_record()
             if record is not None:
                 keep_tombstone(self.path, record, prune=heir is None)  # a claim's run's thread bounds the history
-                trash = set_aside(self.path)  # with the replaced records in it
-                self._leftovers.forget_files()
+                trash = None if keep_folder else set_aside(self.path)  # with the replaced records in it
+                if keep_folder:
+                    heir._prepared, self._prepared = self._prepared, []
+                else:
+                    self._leftovers.forget_files()
         if record is not None:
             (heir or self).remove_later(trash, prune_history=heir is not None)
         if heir is None:
@@ -331,8 +341,6 @@ def _free_name(folder: Path, name: str, heir: RunFolder) -> None:
         NameTakenError: If the run there is still active.
         UnsafePathError: If `folder` is not a private folder of ours.
     """
-    if _release_own(folder, heir, only_ended=True):  # an ended run of this process: its record is not read
-        return
     try:
         check_private(folder, os.lstat(folder), kind="dir")
     except FileNotFoundError:
@@ -354,11 +362,13 @@ def _free_name(folder: Path, name: str, heir: RunFolder) -> None:
         heir.remove_later(set_aside(folder))
 
 
-def _release_own(folder: Path, heir: RunFolder, only_ended: bool) -> bool:
+def _release_own(folder: Path, heir: RunFolder, only_ended: bool, keep_folder: bool = False) -> bool:
     """Releases `folder` for `heir` if this process claimed it, it still
-    holds its run's record, and (with `only_ended`) that run has ended."""
+    holds its run's record (read from memory: see `_own_record`), and (with
+    `only_ended`) that run has ended; `keep_folder`: see `RunFolder._release`."""
     return any(claimed.path == folder and (claimed.ended or not only_ended) and claimed.owns_folder()
-               and claimed._release(only_ended=only_ended, heir=heir) for claimed in list(_claimed_in_this_process))
+               and claimed._release(only_ended=only_ended, heir=heir, keep_folder=keep_folder)
+               for claimed in list(_claimed_in_this_process))
 
 
 _claimed_in_this_process: set[RunFolder] = set()
