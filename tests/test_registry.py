@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from helpers import wait_threads_ended, wait_until
 
 from jupyter_traincontrol.system.private_fs import UnsafePathError
 from jupyter_traincontrol.registry.leftovers import Leftovers
+from jupyter_traincontrol.registry.paths import CLAIM_PREFIX
 from jupyter_traincontrol.registry import (
     NameTakenError,
     RunFolder,
@@ -586,3 +588,33 @@ def test_a_folder_a_process_set_aside_and_never_removed_is_swept_once_old(runtim
     monkeypatch.setattr(liveness, "_TRASH_GRACE_SECONDS", -1.0)
     list_runs()
     assert not trash.exists()
+
+
+def test_a_sweep_between_a_claims_staging_and_its_lock_link_leaves_the_claim_alone(runtime_dir, monkeypatch):
+    """Another run's thread (or process) may sweep while a claim has made its
+    staging folder but not yet linked its lock in: the claim still succeeds,
+    and a staging folder nobody finished is swept once old."""
+    from jupyter_traincontrol.registry import folder as folder_module
+    from jupyter_traincontrol.registry import liveness
+    from jupyter_traincontrol.registry.liveness import sweep_dead_runs
+
+    RunFolder.claim("sweeper").release()  # makes the registry
+    link = folder_module.os.link
+
+    def link_after_a_sweep(source, target):
+        sweep_dead_runs(runtime_dir)
+        return link(source, target)
+
+    monkeypatch.setattr(folder_module.os, "link", link_after_a_sweep)
+    claimed = RunFolder.claim("raced")
+    monkeypatch.setattr(folder_module.os, "link", link)
+    try:
+        assert find_run("raced")["run_id"] == claimed.run_id
+    finally:
+        claimed.release()
+    unfinished = Path(tempfile.mkdtemp(prefix=CLAIM_PREFIX, dir=runtime_dir))
+    list_runs()  # a sweep: too recent to be a dead process's
+    assert unfinished.exists()
+    monkeypatch.setattr(liveness, "_TRASH_GRACE_SECONDS", -1.0)
+    list_runs()
+    assert not unfinished.exists()

@@ -1,7 +1,8 @@
 """A run's private folder in the registry, claimed for its name.
 
 A run folder appears whole, by renaming a prepared one (with its lock link
-and first record) into place, or not at all. A record stays, with its final
+and first record) into place, or not at all; the folder of an ended run of
+the same process serves a new run of its name as it is. A record stays, with its final
 state, while its process lives; `release` removes the folder (keeping its
 last record in the history, `tombstones`), and every folder this process
 claimed is released when it exits (`release_all`). A claim releases this
@@ -80,7 +81,8 @@ class RunFolder:
               sweep_later: bool = False) -> "RunFolder":
         """Creates the private folder of a new run named `name`, atomically:
         the folder appears with its lock and first record (state
-        ``starting``), or not at all.
+        ``starting``), or not at all. The folder of an ended run of this
+        process is taken over instead (its record goes to the history).
 
         Args:
             name: The run's name; see `validate_name`.

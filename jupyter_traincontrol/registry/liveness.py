@@ -115,7 +115,7 @@ def sweep_dead_runs(root: Path) -> None:
     remove_dead_locks(root)
     for name in os.listdir(root):
         if name.startswith(CLAIM_PREFIX):
-            remove_if_dead(root / name)  # a claim its process never finished
+            _remove_unfinished_claim(root / name)
     remove_old_tombstones(root)
     for name in os.listdir(root):
         folder = root / name
@@ -129,6 +129,19 @@ def sweep_dead_runs(root: Path) -> None:
                 remove_if_dead(folder)
         except OSError:
             continue  # not ours to remove (a planted symlink, someone else's), or gone
+
+
+def _remove_unfinished_claim(staging: Path) -> None:
+    """Removes a claim's staging folder whose process never finished it:
+    one with a lock file if that lock is free, one without only once older
+    than a claim would take to link it (a claim made just now, by this
+    process's other thread or another process, has no lock link yet)."""
+    try:
+        has_lock = os.path.lexists(staging / LOCK_NAME)
+        if has_lock or os.lstat(staging).st_ctime < time.time() - _TRASH_GRACE_SECONDS:
+            remove_if_dead(staging)
+    except OSError:
+        pass  # finished or removed meanwhile
 
 
 def _remove_old_trash(folder: Path) -> None:
