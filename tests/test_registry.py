@@ -456,6 +456,23 @@ def test_the_training_threads_record_writes_leave_freeing_the_replaced_file_to_t
     assert find_run("short")["state"] == "finished"
 
 
+def test_runs_opened_and_closed_back_to_back_leave_no_replaced_records_behind(runtime_dir, tmp_path):
+    """A loop of runs too short for their thread to tick (a reused callback's
+    2-batch fits) still frees the records each replaced: each run's thread
+    does it as it ends, not only a run that lives long enough."""
+    from jupyter_traincontrol.protocol import RunState
+    from jupyter_traincontrol.run.lifecycle import RunLifecycle
+
+    run = RunLifecycle("loop", tmp_path / "ck")
+    for _run in range(30):
+        run.open()
+        run.close(RunState.FINISHED)
+    wait_threads_ended()
+    replaced = list(run._folder.path.glob(".run.json.replaced-*"))
+    assert len(replaced) <= 1, f"{len(replaced)} replaced records left after 30 runs (expected the last end's at most)"
+    assert find_run("loop")["state"] == "finished"
+
+
 def test_a_record_built_before_the_end_is_never_written_after_the_last_one(runtime_dir, tmp_path):
     """The run's thread may be building a record as the run ends; the end
     writes the last record while that thread ends, and the older one must
