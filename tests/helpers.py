@@ -73,7 +73,19 @@ def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"Timed out after {timeout} s waiting for {message}")
+    raise AssertionError(f"Timed out after {timeout} s waiting for {message}.\n{package_thread_stacks()}")
+
+
+def package_thread_stacks(prefix: str = "traincontrol-") -> str:
+    """Where each live thread named `prefix`* is now (a run's reader, a
+    checkpoint writer): what a timed-out wait reports, so that a rare hang
+    says where it hung."""
+    import traceback
+
+    frames = sys._current_frames()
+    stacks = [f"Thread {thread.name}:\n{''.join(traceback.format_stack(frames[thread.ident]))}"
+              for thread in threading.enumerate() if thread.name.startswith(prefix) and thread.ident in frames]
+    return "\n".join(stacks) or f"No thread named {prefix}* is alive."
 
 
 def wait_threads_ended(prefix: str = "traincontrol-", timeout: float = 5.0) -> None:

@@ -122,6 +122,32 @@ def test_a_fast_record_write_goes_into_a_prepared_file_that_readers_pass_over(ru
     assert not folder.path.exists()
 
 
+def test_files_made_ahead_while_the_folder_is_taken_over_are_not_left_in_it(runtime_dir, monkeypatch):
+    """A run's thread making files for the next writes (`prepare_files`)
+    while its run ends and a new run of its name takes the folder over
+    leaves no file that no write will take."""
+    from jupyter_traincontrol.registry import folder as folder_module
+
+    first = RunFolder.claim("ahead")
+    make_empty_file, heirs = folder_module.make_empty_file, []
+
+    def make_while_taken_over(name, *, dir_fd):
+        if not heirs:  # the run ends and its name is claimed between the two files
+            first.seal()
+            heirs.append(RunFolder.claim("ahead"))
+        return make_empty_file(name, dir_fd=dir_fd)
+
+    monkeypatch.setattr(folder_module, "make_empty_file", make_while_taken_over)
+    first.prepare_files()
+    monkeypatch.setattr(folder_module, "make_empty_file", make_empty_file)
+    heir = heirs[0]
+    try:
+        assert heir.path == first.path and first._prepared == []
+        assert {p.name for p in heir.path.glob(".run.json.*.tmp")} == set(heir._prepared)
+    finally:
+        heir.release()
+
+
 def test_the_run_thread_does_the_chores_left_to_it_and_drops_them_once_stopped():
     from jupyter_traincontrol.run.publisher import Publisher
 

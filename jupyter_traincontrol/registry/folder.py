@@ -2,12 +2,12 @@
 
 A run folder appears whole, by renaming a prepared one (with its lock link
 and first record) into place, or not at all; the folder of an ended run of
-the same process serves a new run of its name as it is. A record stays, with its final
-state, while its process lives; `release` removes the folder (keeping its
-last record in the history, `tombstones`), and every folder this process
-claimed is released when it exits (`release_all`). A claim releases this
-process's ended runs beyond the newest `ENDED_RUNS_KEPT` into the history:
-a loop that makes a new run each `fit` does not grow the registry.
+the same process serves a new run of its name as it is. A record stays,
+with its final state, while its process lives; `release` removes the
+folder (keeping its last record in the history, `tombstones`), and every
+folder this process claimed is released when it exits (`release_all`). A
+claim releases this process's ended runs beyond the newest
+`ENDED_RUNS_KEPT` into the history: a loop of new runs does not grow it.
 """
 
 from __future__ import annotations
@@ -236,10 +236,16 @@ class RunFolder:
                 made.append(make_empty_file(RECORD_NAME, dir_fd=dir_fd))
         except OSError:
             pass  # a full disk, say: those writes make their own files
+        try:
+            with self._write_lock:
+                if not self._released:  # else taken over (or removed) meanwhile: no write of this run's takes them
+                    self._prepared, made = self._prepared + made, []
+            for name in made:
+                os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass  # the folder went with them
         finally:
             os.close(dir_fd)
-        with self._write_lock:
-            self._prepared.extend(made)
 
     def reopen(self, run_id: str) -> bool:
         """Takes the folder again for a new run of the same name and process
