@@ -97,8 +97,8 @@ class Steering:
                 (`Tunables.read_anywhere`) are read and published: a
                 function that has another thread call what it is given
                 (the run's, `Publisher.run_soon`). Without it, they are
-                read now (a TensorFlow variable's read holds the training
-                thread 0.1-0.2 ms at a `fit`'s start).
+                read now (on TensorFlow 0.1-0.2 ms of the training thread at
+                a `fit`'s start).
         """
         steered = dict((resumed.info.get("tunables") or {}) if resumed is not None else {})
         if steered:

@@ -154,15 +154,17 @@ class Tunables:
     @property
     def read_anywhere(self) -> bool:
         """True where the values may be read on any thread while the training
-        thread trains: TensorFlow's and torch's variables (Keras 2's too).
-        False on JAX: its trainer empties the model's variables while an
-        epoch runs and fills them at boundaries, so a read belongs between
-        two steps, on the training thread."""
+        thread trains: torch's tensors. False on JAX, whose trainer empties
+        the model's variables while an epoch runs and fills them at
+        boundaries, and on TensorFlow (Keras 2 too): a read on another
+        thread has TensorFlow build that thread a graph of its own, and a
+        run's thread doing so was seen to hang for good (twice in three full
+        test runs, 2026-12-05). There the read belongs to the training thread."""
         if _is_keras2(self.optimizer):
-            return True
+            return False
         import keras
 
-        return keras.backend.backend() != "jax"
+        return keras.backend.backend() == "torch"
 
     def _lr_is_variable(self) -> bool:
         return _is_variable(getattr(self.optimizer, "_learning_rate", None))
