@@ -134,10 +134,25 @@ def _send(job: JobProcesses, command: str, means: str) -> None:
 
 
 def _where_each_process_is(job: JobProcesses) -> str:
-    """What a failed send shows: each process's exit code and last logged events, and the job's record."""
+    """What a failed send shows: each process's exit code and last logged
+    events, the job's record, and where process 0's threads were (the
+    failed test's job ends here)."""
     lines = [f"process {i} (exit code {process.poll()}): {job.events(i)[-6:]}" for i, process in enumerate(job.processes)]
     listed = cli("list", "--json")
-    return "\n".join([*lines, f"record: {(listed.stdout or listed.stderr)[-3000:]}"])
+    return "\n".join([*lines, f"record: {(listed.stdout or listed.stderr)[-3000:]}", _threads_of_process_0(job)])
+
+
+def _threads_of_process_0(job: JobProcesses) -> str:
+    """Process 0's thread stacks (its worker dumps them on SIGUSR1 to its
+    stderr), read once it is killed: its reader thread takes the commands."""
+    process = job.processes[0]
+    if process.poll() is not None:
+        return "process 0 had ended"
+    process.send_signal(signal.SIGUSR1)
+    time.sleep(1)
+    process.kill()
+    job.stderr[0] = process.communicate()[1]
+    return f"process 0's threads:\n{job.stderr[0][-6000:]}"
 
 
 def _result(job: JobProcesses, i: int) -> dict:
