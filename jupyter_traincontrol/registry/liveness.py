@@ -27,7 +27,8 @@ __all__ = ["LOCK_NAME", "TRASH_PREFIX", "folder_is_live", "move_away", "set_asid
 LOCK_NAME = "lock"
 #: Run folders renamed for removal (`set_aside`).
 TRASH_PREFIX = ".removed-"
-#: How long a folder set aside waits for the process that set it aside to remove it, before a sweep does.
+#: How long a folder set aside, or a claim's staging folder without its lock
+#: link, waits for the process that made it to finish with it, before a sweep removes it.
 _TRASH_GRACE_SECONDS = 60.0
 
 
@@ -137,8 +138,7 @@ def _remove_unfinished_claim(staging: Path) -> None:
     than a claim would take to link it (a claim made just now, by this
     process's other thread or another process, has no lock link yet)."""
     try:
-        has_lock = os.path.lexists(staging / LOCK_NAME)
-        if has_lock or os.lstat(staging).st_ctime < time.time() - _TRASH_GRACE_SECONDS:
+        if os.path.lexists(staging / LOCK_NAME) or _past_grace(staging):
             remove_if_dead(staging)
     except OSError:
         pass  # finished or removed meanwhile
@@ -148,7 +148,12 @@ def _remove_old_trash(folder: Path) -> None:
     """Removes a folder set aside (`set_aside`) longer ago than its setter
     would have taken to remove it (a process that ended first)."""
     try:
-        if os.lstat(folder).st_ctime < time.time() - _TRASH_GRACE_SECONDS:
+        if _past_grace(folder):
             shutil.rmtree(folder, ignore_errors=True)
     except OSError:
         pass  # removed meanwhile
+
+
+def _past_grace(folder: Path) -> bool:
+    """True if `folder` was made (or renamed) longer than `_TRASH_GRACE_SECONDS` ago."""
+    return os.lstat(folder).st_ctime < time.time() - _TRASH_GRACE_SECONDS
