@@ -73,6 +73,8 @@ class CheckpointFolder:
             current user. Defaults to False.
         on_phase: Called with the name of each phase completed (see
             `CheckpointStore`).
+        close_removed: Closes the descriptor of a folder `release` removed, which frees it (0.2 ms
+            on ext4; a run's own thread does it: `registry.RunFolder.close_later`). Defaults to `os.close`.
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class CheckpointFolder:
         run_id: str | None = None,
         private: bool = False,
         on_phase: Callable[[str], None] | None = None,
+        close_removed: Callable[[int], None] = os.close,
     ):
         if run is not None:
             try:
@@ -99,9 +102,7 @@ class CheckpointFolder:
         self._identity: tuple[int, int] | None = None
         self._pending: dict[str, Any] | None = None
         self._made: list[Path] = []  # the folders this hold made (parents first): removed on release if left empty
-        #: Closes the descriptor of a folder `release` removed; its last close frees it (0.2 ms on
-        #: ext4), which a run leaves to its own thread (`registry.RunFolder.close_later`).
-        self.close_removed: Callable[[int], None] = os.close
+        self._close_removed = close_removed
 
     @property
     def dir_fd(self) -> int | None:
@@ -183,7 +184,7 @@ class CheckpointFolder:
             logger.warning("Could not mark %s free: %s", self.directory / LOCK_FILE, error)
         finally:
             os.close(lock_fd)  # drops the flock
-            (self.close_removed if removed else os.close)(dir_fd)
+            (self._close_removed if removed else os.close)(dir_fd)
 
     def _remove_if_empty(self, dir_fd: int, identity: tuple[int, int] | None) -> bool:
         """Removes the folder (still locked) if its lock file is all it holds;

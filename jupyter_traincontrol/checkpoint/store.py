@@ -104,6 +104,9 @@ class CheckpointStore:
             ``writer-done`` around a background save. Called on the thread
             that saves. For tests and tracing; an exception it raises fails the
             save like any other.
+        close_removed: Closes the descriptor of a folder the store made and
+            removed as it let it go empty (see `CheckpointFolder`). Defaults
+            to `os.close`.
     """
 
     def __init__(
@@ -115,10 +118,12 @@ class CheckpointStore:
         run_id: str | None = None,
         private: bool = False,
         on_phase: Callable[[str], None] | None = None,
+        close_removed: Callable[[int], None] = os.close,
     ):
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ValueError(f"keep must be a whole number of at least 1, got {keep!r}.")
-        self.folder = CheckpointFolder(directory, run=run, run_id=run_id, private=private, on_phase=on_phase)
+        self.folder = CheckpointFolder(directory, run=run, run_id=run_id, private=private, on_phase=on_phase,
+                                       close_removed=close_removed)
         self.keep = keep
         self._committer = Committer(self.folder, keep)
         self._known: list[Checkpoint] = []  # as of the last scan or save

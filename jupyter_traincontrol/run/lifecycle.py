@@ -145,8 +145,8 @@ class RunLifecycle:
         self.store = CheckpointStore(  # the tool's own default folder is made private
             self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
             run=self.name, run_id=self.run_id, private=self._requested_checkpoint_dir is None,
+            close_removed=self._folder.close_later,  # a folder left empty is freed by the run's thread as it ends
         )
-        self.store.folder.close_removed = self._folder.close_later  # closed by the run's thread as it ends
         self.store.list()  # what the folder holds of this name already
         self.started, self.ended, self.error, self.end_reason = time.time(), None, None, None
         self.states.reset()
