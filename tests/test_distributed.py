@@ -139,7 +139,11 @@ def _where_each_process_is(job: JobProcesses) -> str:
     failed test's job ends here)."""
     lines = [f"process {i} (exit code {process.poll()}): {job.events(i)[-6:]}" for i, process in enumerate(job.processes)]
     listed = cli("list", "--json")
-    return "\n".join([*lines, f"record: {(listed.stdout or listed.stderr)[-3000:]}", _threads_of_process_0(job)])
+    try:  # what the record says of commands and processes, not its loss curve
+        record = {key: value for key, value in json.loads(listed.stdout)[0].items() if key not in ("history", "loss_curve")}
+    except (ValueError, IndexError, AttributeError):
+        record = (listed.stdout or listed.stderr)[-3000:]
+    return "\n".join([*lines, f"record: {record}", _threads_of_process_0(job)])
 
 
 def _threads_of_process_0(job: JobProcesses) -> str:

@@ -11,8 +11,10 @@ others:
    or at the end of the boundary it is acting at);
 2. it writes where that process can still apply it (``at/N/PROCESS``):
    the boundary it is acting at, if its training thread is at one; else
-   the end of the step after the one it has begun (it may have passed this
-   step's batch-end hooks on Keras's pool);
+   the end of the step it has begun, if an agreed request is due there
+   (its training thread acts there: a ``pause`` holds there); else the end
+   of the step after it (it may have passed this step's batch-end hooks on
+   Keras's pool);
 3. it reads every process's, takes the latest, queues the request for
    that step and opens the gate.
 
@@ -129,7 +131,7 @@ class Agreement:
         request = parse_request(proposal["line"])
         with self._lock:
             self.closed = True
-            here = self.acting_at if self.acting_at is not None else self.dispatched + 1
+            here = self._where_it_can_act()
         try:
             kv.set(kv.key("at", seq, self.process_id), str(here))
             words = [self._word_of(process, seq, request) for process in range(self.num_processes)]
@@ -145,6 +147,17 @@ class Agreement:
         if ended and proposal.get("from") == self.process_id and self.refused is not None:
             self.refused(request, self._not_applied(ended[0]))
         return True
+
+    def _where_it_can_act(self) -> int:
+        """The first step at whose end this process can still apply a new
+        proposal (the lock held): the boundary its training thread is acting
+        at; else the end of the step it has begun, if an agreed request is
+        due there (its training thread acts there anyway: a job that pauses
+        there holds there, and a later step would never come while it is
+        paused); else the end of the step after it."""
+        if self.acting_at is not None:
+            return self.acting_at
+        return self.dispatched if self.due(self.dispatched) else self.dispatched + 1
 
     def _not_applied(self, ended: int) -> str:
         return f"process {ended} of {self.num_processes} has ended fit; the job did not apply it"
