@@ -14,26 +14,28 @@ pytest.importorskip("jax")
 pytestmark = pytest.mark.backends("tensorflow", reason="the probe runs JAX itself; one pass of the matrix is enough")
 
 
-def test_an_end_marker_wakes_a_watcher_blocked_on_the_next_proposal_and_is_passed_over():
-    # Ending a fit joins the job's watcher: without the marker, its blocking
-    # read would hold that end until the read timed out (here a minute).
+@pytest.fixture(scope="module")
+def probe() -> dict:
+    """What the probe printed (one job, for every test of this module)."""
     done = run_program(str(TESTS_DIR / "programs" / "agreement_probe.py"), str(free_port()), timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["received"] is True
-    assert result["waited"] < result["block_seconds"] / 2, result
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_an_end_marker_wakes_a_watcher_blocked_on_the_next_proposal_and_is_passed_over(probe):
+    # Ending a fit joins the job's watcher: without the marker, its blocking
+    # read would hold that end until the read timed out (here a minute).
+    assert probe["received"] is True
+    assert probe["waited"] < probe["block_seconds"] / 2, probe
     # The marker takes a number of its own: the next proposal is received and agreed as usual.
-    assert result["after_marker"] is True
-    assert result["request"] == ["save", "probe-1"]
+    assert probe["after_marker"] is True
+    assert probe["request"] == ["save", "probe-1"]
 
 
-def test_a_proposal_made_while_a_request_is_due_at_the_step_begun_is_agreed_for_that_step():
+def test_a_proposal_made_while_a_request_is_due_at_the_step_begun_is_agreed_for_that_step(probe):
     """A 4-process job paused at a step; a process had begun that step when a
     save came: it said the next step, where no process ever went while
     paused, so the save was acknowledged only after a resume (seen once in
     a dozen runs of test_distributed's jobs). It says that step now."""
-    done = run_program(str(TESTS_DIR / "programs" / "agreement_probe.py"), str(free_port()), timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["due_at_21"] == ["pause", "save"], result
-    assert result["due_at_22"] == [], result
+    assert probe["due_at_21"] == ["pause", "save"], probe
+    assert probe["due_at_22"] == [], probe
