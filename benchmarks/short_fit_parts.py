@@ -133,8 +133,8 @@ def measure(args) -> dict[str, list[float]]:
         fit = functools.partial(model.fit, x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0, callbacks=[callback])
         for _ in range(2 if args.quick else WARMUP_FITS):
             fit()
-        clock = Clock(threading.get_ident())
-        for label, owner, name in package_parts():
+        clock, parts = Clock(threading.get_ident()), package_parts()
+        for label, owner, name in parts:
             clock.wrap(owner, name, label)
         for hook in HOOKS:
             clock.wrap(callback, hook, "epoch hooks" if hook in EPOCH_HOOKS else "other hooks")
@@ -142,13 +142,11 @@ def measure(args) -> dict[str, list[float]]:
             for _ in range(args.rounds):
                 fit()
                 spent, calls = clock.take()
-                hooks = spent["epoch hooks"] + spent["other hooks"]
-                parts = sum(spent[label] for label, _, _ in package_parts())
-                per_fit["hooks"].append(hooks)
-                per_fit["the rest"].append(spent["other hooks"] - parts)
+                per_fit["hooks"].append(spent["epoch hooks"] + spent["other hooks"])
+                per_fit["the rest"].append(spent["other hooks"] - sum(spent[label] for label, _, _ in parts))
                 per_fit["epoch hooks"].append(spent["epoch hooks"])
                 per_fit["record writes (calls)"].append(calls["record writes"])
-                for label, _, _ in package_parts():
+                for label, _, _ in parts:
                     per_fit[label].append(spent[label])
         finally:
             clock.unwrap()
@@ -168,14 +166,13 @@ def main(argv=None) -> int:
           f"medians per fit")
     _common.print_table(["part", "ms a fit"], [[label, f"{medians[label] * 1e3:.3f}"] for label in order])
     writes = int(medians["record writes (calls)"])
+    folder = medians["checkpoint folder taken"] + medians["checkpoint folder let go"]
     channel = medians["FIFO made"] + medians["run's thread started"] + medians["channel ended"]
     _common.print_summary(
         f"short_fit_parts: a reused ControlCallback on {args.backend}: hooks {medians['hooks'] * 1e3:.2f} ms a fit: "
-        f"record writes "
-        f"{medians['record writes'] * 1e3:.2f} ({writes}), checkpoint folder "
-        f"{(medians['checkpoint folder taken'] + medians['checkpoint folder let go']) * 1e3:.2f}, FIFO and thread "
-        f"{channel * 1e3:.2f}, "
-        f"epoch hooks {medians['epoch hooks'] * 1e3:.2f}, the rest {medians['the rest'] * 1e3:.2f} ms")
+        f"record writes {medians['record writes'] * 1e3:.2f} ({writes}), checkpoint folder {folder * 1e3:.2f}, "
+        f"FIFO and thread {channel * 1e3:.2f}, epoch hooks {medians['epoch hooks'] * 1e3:.2f}, "
+        f"the rest {medians['the rest'] * 1e3:.2f} ms")
     return 0
 
 
