@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ CLI = str(Path(sys.executable).parent / "jupyter-traincontrol")
 
 
 def shell(*args: str) -> str:
-    print(f"$ {' '.join(args)}", flush=True)
+    print(f"$ {shlex.join(args)}", flush=True)
     result = subprocess.run(args, capture_output=True, text=True)
     output = (result.stdout + result.stderr).rstrip()
     if output:

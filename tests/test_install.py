@@ -162,12 +162,23 @@ def test_the_wheel_installs_into_a_fresh_venv_without_node_with_both_extensions_
     print(f"fresh venv and wheel installed in {installed:.1f} s; whole check {time.monotonic() - started:.1f} s")
 
 
-def test_make_lab_opens_jupyterlab_without_rerunning_the_demo():
+def test_make_lab_runs_the_headless_demo_the_first_time_only(tmp_path):
+    venv = tmp_path / "venv"
+
     def planned(target: str) -> str:
-        result = subprocess.run(["make", "-n", target], capture_output=True, text=True, cwd=REPO, timeout=60)
+        result = subprocess.run(["make", "-n", target, f"VENV={venv}"], capture_output=True, text=True, cwd=REPO,
+                                timeout=60)
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    lab = planned("lab")
-    assert "jupyter lab quickstart.ipynb" in lab and "notebook_demo.py" not in lab
+    first = planned("lab")  # a fresh machine: set up, the demo, then JupyterLab
+    assert "pip install" in first and "jupyter lab quickstart.ipynb" in first, first
+    assert first.index("pip install") < first.index("examples/notebook_demo.py") < first.index(
+        "examples/script_demo.py") < first.index("jupyter lab quickstart.ipynb"), first
+
+    venv.mkdir()
+    for stamp in (".installed", ".demo-ran"):  # what `make setup` and `make demo` leave
+        (venv / stamp).touch()
+    again = planned("lab")
+    assert "jupyter lab quickstart.ipynb" in again and "demo.py" not in again and "pip install" not in again, again
     assert "examples/notebook_demo.py" in planned("demo")  # the demo stays, on its own
