@@ -78,13 +78,17 @@ def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
 
 def package_thread_stacks(prefix: str = "traincontrol-") -> str:
     """Where each live thread named `prefix`* is now (a run's reader, a
-    checkpoint writer): what a timed-out wait reports, so that a rare hang
-    says where it hung."""
+    checkpoint writer), and the main thread when another thread asks (a
+    `fit` the test drives from a thread of its own trains there): what a
+    timed-out wait reports, so that a rare hang says where it hung."""
     import traceback
 
     frames = sys._current_frames()
+    main = threading.main_thread()
+    shown = [thread for thread in threading.enumerate()
+             if thread.name.startswith(prefix) or (thread is main and thread is not threading.current_thread())]
     stacks = [f"Thread {thread.name}:\n{''.join(traceback.format_stack(frames[thread.ident]))}"
-              for thread in threading.enumerate() if thread.name.startswith(prefix) and thread.ident in frames]
+              for thread in shown if thread.ident in frames]
     return "\n".join(stacks) or f"No thread named {prefix}* is alive."
 
 
@@ -149,9 +153,15 @@ class EventLog:
             return [e["message"] for e in self.events if e["kind"] == kind]
 
     def wait_count(self, kind: str, message: str | None, at_least: int, timeout: float = 10.0) -> None:
-        """Waits until `count(kind, message)` reaches `at_least`."""
-        wait_until(lambda: self.count(kind, message) >= at_least, timeout=timeout, interval=0.005,
-                   message=f"{at_least} {kind} event(s) {message or ''}")
+        """Waits until `count(kind, message)` reaches `at_least`; a failure
+        lists the events seen (the last 20)."""
+        try:
+            wait_until(lambda: self.count(kind, message) >= at_least, timeout=timeout, interval=0.005,
+                       message=f"{at_least} {kind} event(s) {message or ''}")
+        except AssertionError as error:
+            with self._lock:
+                seen = [f"{event['kind']}: {event['message']}" for event in self.events[-20:]]
+            raise AssertionError(f"{error}\nEvents seen ({len(self.events)}), the last 20:\n  " + "\n  ".join(seen)) from None
 
 
 def assert_finite_weights(keras_path) -> None:
