@@ -29,11 +29,11 @@ demo: $(STAMP)
 	$(BIN)/python examples/script_demo.py
 	touch $(DEMO_STAMP)
 
-## lab: the headless demo the first time (`make demo` leaves a stamp in the
-## venv; it reruns the demo), then JupyterLab on a copy of the example notebooks
-## in work/ (ignored by git), so running them leaves the tracked ones clean;
-## copies already there are kept (your edits and outputs stay yours). A demo
-## that fails says so and JupyterLab opens all the same.
+## lab: the headless demo the first time only (`make demo` leaves a stamp in
+## the venv; run `make demo` to see it again), then JupyterLab on a copy of
+## the example notebooks in work/ (ignored by git), so running them leaves the
+## tracked ones clean; copies already there are kept (your edits and outputs
+## stay yours). A demo that fails says so and JupyterLab opens all the same.
 LAB_DIR ?= work
 $(DEMO_STAMP): | $(STAMP)
 	$(MAKE) --no-print-directory demo \
