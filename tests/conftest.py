@@ -3,7 +3,7 @@
 Every test gets its own ``JUPYTER_RUNTIME_DIR``, so runs never meet runs of
 other tests or of the developer. The autouse `no_leaks` fixture fails a test
 that leaves behind a reader thread, a FIFO, an active run record, a changed
-SIGINT handler or open file descriptors.
+SIGINT or SIGTERM handler, a profile function or open file descriptors.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def no_leaks(runtime_dir, request):
         yield
         return
     handler_before = signal.getsignal(signal.SIGINT)
+    sigterm_before = signal.getsignal(signal.SIGTERM)
+    profile_before = sys.getprofile()
     fds_before = _open_fds()
     yield
     deadline = time.monotonic() + 5
@@ -81,6 +83,10 @@ def no_leaks(runtime_dir, request):
         problems.append(f"runs of this process still active: {active}")
     if signal.getsignal(signal.SIGINT) != handler_before:
         problems.append(f"SIGINT handler changed: {signal.getsignal(signal.SIGINT)!r}")
+    if signal.getsignal(signal.SIGTERM) != sigterm_before:
+        problems.append(f"SIGTERM handler changed: {signal.getsignal(signal.SIGTERM)!r}")
+    if sys.getprofile() is not profile_before:
+        problems.append(f"profile function changed: {sys.getprofile()!r}")
     leaked_fds = _open_fds() - fds_before
     # TensorFlow opens a few descriptors of its own on first use; count only
     # pipes and FIFOs, which are what this package opens.

@@ -248,8 +248,12 @@ def press_ctrl_c_twice_the_second_in_a_gc_callback() -> None:
     assert pressed, "the garbage collector did not call back"
 
 
-def _default_sigint() -> None:
+def _default_signals() -> None:
+    """SIGINT and SIGTERM as a terminal or a scheduler finds them (a runner
+    started as a background job has SIGINT ignored, and a runner may ignore
+    SIGTERM too)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class TrainingProcess:
@@ -270,16 +274,16 @@ class TrainingProcess:
             argv,
             stdin=subprocess.PIPE if linger else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-            # Ctrl+C as a user's terminal gives it, whatever this runner inherited
-            # (a runner started as a background job has SIGINT ignored).
-            preexec_fn=_default_sigint,
+            preexec_fn=_default_signals,
         )
         self._stderr_lines: list[str] = []
         self._stderr_changed = threading.Condition()
         stderr, self.process.stderr = self.process.stderr, None  # read by our thread, not communicate()
         self._stderr_reader = threading.Thread(target=self._read_stderr, args=(stderr,), daemon=True)
         self._stderr_reader.start()
+        self.stdout = ""  # what it printed: up to READY now, all of it after `finish`
         for line in self.process.stdout:
+            self.stdout += line
             if line.startswith("READY "):
                 self.name, self.fifo = line.split()[1:3]
                 break
@@ -314,6 +318,7 @@ class TrainingProcess:
     def finish(self, timeout: float = 60) -> tuple[int, dict | None, str]:
         """Waits for the end (closing stdin first); returns (exit code, RESULT, stderr)."""
         out, _ = self.process.communicate(timeout=timeout)
+        self.stdout += out
         self._stderr_reader.join(timeout)
         results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
         return self.process.returncode, (results[0] if results else None), self.stderr

@@ -17,8 +17,22 @@ import pytest
 
 PACKAGE = "jupyter_traincontrol"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
-MAX_MODULE_LINES = 400
-MAX_CALLBACK_LINES = 260
+#: A review flag, not a target: a module past it is looked at, to see whether
+#: it holds two concepts. Counted in statements (`statements`), not lines, so
+#: reflowing a docstring or merging two statements onto one line changes nothing.
+MAX_MODULE_STATEMENTS = 300
+MAX_CALLBACK_STATEMENTS = 100
+
+
+def statements(node: ast.AST) -> int:
+    """The statements in `node`, nested ones included, docstrings left out."""
+    count = 0
+    for child in ast.walk(node):
+        if isinstance(child, ast.stmt):
+            docstring = isinstance(child, ast.Expr) and isinstance(child.value, ast.Constant) \
+                and isinstance(child.value.value, str)
+            count += not docstring
+    return count
 
 
 def _modules() -> dict[str, Path]:
@@ -123,15 +137,23 @@ def test_no_module_uses_another_modules_private_names():
 
 @pytest.mark.parametrize("module", sorted(_modules()))
 def test_modules_stay_small(module):
-    lines = len(_modules()[module].read_text().splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{module} has {lines} lines; expected at most {MAX_MODULE_LINES}"
+    count = statements(ast.parse(_modules()[module].read_text()))
+    assert count <= MAX_MODULE_STATEMENTS, (
+        f"{module} has {count} statements; past {MAX_MODULE_STATEMENTS}, look whether it holds two concepts")
+
+
+def test_the_statement_count_leaves_out_docstrings_and_layout():
+    one = "def f(x):\n    \"\"\"Doc.\"\"\"\n    a = x\n    b = a\n    return b\n"
+    reflowed = "def f(x):\n    \"\"\"Doc,\n\n    longer.\n    \"\"\"\n    a = x; b = a\n    return b\n"
+    assert statements(ast.parse(one)) == statements(ast.parse(reflowed)) == 4
 
 
 def test_control_callback_keeps_the_keras_hooks_only():
     tree = ast.parse((ROOT / "fit" / "callback.py").read_text())
     (callback,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "ControlCallback"]
-    lines = callback.end_lineno - callback.lineno + 1
-    assert lines <= MAX_CALLBACK_LINES, f"ControlCallback has {lines} lines; expected at most {MAX_CALLBACK_LINES}"
+    count = statements(callback)
+    assert count <= MAX_CALLBACK_STATEMENTS, (
+        f"ControlCallback has {count} statements; expected at most {MAX_CALLBACK_STATEMENTS} (its Keras hooks)")
 
 
 def test_the_top_level_is_the_entry_points_and_at_most_three_small_files():

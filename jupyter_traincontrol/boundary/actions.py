@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..protocol import Command, Request, RunState, end_reason
+from ..protocol import Command, Request, RunState, end_reason, is_interrupt
 from .port import RunPort, Trained
 from .progress import TrainingProgress
 from .saves import Outcome, SaveScheduler
@@ -152,7 +152,8 @@ class CommandActions:
     def _stop(self, request: Request) -> Outcome | None:
         if self.ended_by is not None:
             return self._ignored("Already stopping; 'stop' ignored.")
-        outcome, message = self._checkpoint("interrupt" if self.interrupted else "stop")
+        interrupted = self.interrupted = self.interrupted or is_interrupt(request.request_id)
+        outcome, message = self._checkpoint("interrupt" if interrupted else "stop")
         if outcome != "applied":
             message = f"stopping without a checkpoint: {message}"
         self.run.journal.acknowledge(request, outcome, message)  # published with the state, in one write

@@ -24,6 +24,14 @@ class RunPort(Protocol):
     name: str | None
     journal: Journal
     store: CheckpointStore | None
+    publisher: Any  # the run's ticker: ``add_tick_hook``, ``remove_tick_hook`` (`run.publisher.Publisher`)
+
+    @property
+    def state(self) -> RunState:
+        """The run's state."""
+
+    def send(self, command: Any, sender: str | None = ...) -> Any:
+        """Sends the run a command, like any writer (safe in a signal handler)."""
 
     def move_to(self, state: RunState | str) -> bool:
         """Moves the run to `state`, logged and published."""

@@ -25,6 +25,13 @@ the background or not, a ``save`` or a ``stop``'s):
 With ``background=False`` every checkpoint is written on the training
 thread, as ``model.save`` would be (no host copy: for short memory).
 
+Autosave (``autosave=SECONDS``): `tick_autosave`, called by the run's own
+thread twice a second, counts the seconds the run spends ``running`` since
+its newest checkpoint of any kind; past `SECONDS` it marks a checkpoint
+due, taken at the next boundary as a ``save`` is (reason ``autosave``, in
+the background where saves are), unless no batch was trained since the
+last checkpoint. The boundary pays nothing more: it already checks `due`.
+
 What may refuse a checkpoint, and what a checkpoint records of steering,
 is a `SavePolicy` (the run's steering registers itself as one).
 """
@@ -35,9 +42,10 @@ import contextlib
 import dataclasses
 import sys
 import threading
+import time
 from typing import Callable, ContextManager, Mapping, NamedTuple, Protocol
 
-from ..checkpoint import Checkpoint, CheckpointError, CheckpointStore, CheckpointWriter, TrainingPosition
+from ..checkpoint import AUTOSAVE_REASON, Checkpoint, CheckpointError, CheckpointStore, CheckpointWriter, TrainingPosition
 from ..protocol import Request
 from ..state.snapshot import SnapshotBuffers
 from .port import RunPort, Trained
@@ -90,11 +98,13 @@ class SaveScheduler:
             checkpoint at a position (called on the training thread).
         store: Where checkpoints are written. Defaults to the run's (a job
             gives its own).
+        autosave: Seconds of training after the newest checkpoint at which
+            an autosave is taken; None or 0: never. Defaults to None.
     """
 
     def __init__(self, trained: Trained, run: RunPort, progress: TrainingProgress, say: Callable[..., None],
                  background: bool = True, resume_state: Callable[[TrainingPosition], Mapping | None] | None = None,
-                 store: CheckpointStore | None = None):
+                 store: CheckpointStore | None = None, autosave: float | None = None):
         self.trained = trained
         self.policy: SavePolicy | None = None  # set by the steering of the run, if it steers
         self.run = run
@@ -112,6 +122,10 @@ class SaveScheduler:
         self._in_flight: list[Request] = []  # saves the write in flight answers
         self._owner = threading.get_ident()  # the training thread
         self.due = False  # True while saves wait for the writer (checked at every boundary)
+        self.autosave_every = autosave or None
+        self._trained_for = 0.0  # seconds spent running since the newest checkpoint (autosave's clock)
+        self._last_tick: float | None = None
+        self._autosave_due = False
         self.last: Checkpoint | None = None
         #: Called (any thread) when saves that waited can start: the front end
         #: makes its next boundary one where commands act (`fit.dispatch`).
@@ -150,6 +164,21 @@ class SaveScheduler:
         with self._lock:
             self._taken_at = None
 
+    def tick_autosave(self, running: bool) -> None:
+        """Counts the seconds since the last call if the run was `running`;
+        marks an autosave due once they reach `autosave_every` (the run's
+        thread, about twice a second)."""
+        now = time.monotonic()
+        last, self._last_tick = self._last_tick, now
+        if self.autosave_every is None or last is None or not running:
+            return
+        self._trained_for += now - last
+        if self._trained_for < self.autosave_every or self._autosave_due:
+            return
+        with self._lock:
+            self._autosave_due = self.due = True
+        self.wake()
+
     @property
     def ready(self) -> bool:
         """True when saves wait and the writer is free (cheap)."""
@@ -162,12 +191,18 @@ class SaveScheduler:
             return
         with self._lock:
             requests, self._waiting, self.due = self._waiting, [], False
-        if not requests:
+            autosave, self._autosave_due = self._autosave_due, False
+        if autosave:
+            self._trained_for = 0.0  # the next one is an interval after this one, written or not
+            if not requests and self._taken_at == self._progress.boundary:
+                return  # no batch trained since the last checkpoint
+        if not requests and not autosave:
             return
+        reason = "save" if requests else AUTOSAVE_REASON
         self._taken_at, self._last_outcome = self._progress.boundary, None
         terms = self._terms()
         if terms.refused is not None or not self.background:
-            self._last_outcome = self._refused("save", terms) or self._write_here(self._position(), "save", terms)
+            self._last_outcome = self._refused(reason, terms) or self._write_here(self._position(), reason, terms)
             self._answer(requests, *self._last_outcome)
             return
         position = self._progress.position(None)
@@ -181,7 +216,7 @@ class SaveScheduler:
         step = self.trained.step_later(snapshot)  # the step the snapshot took: no second read
         self._in_flight = requests
         self._writer.submit(snapshot, _with_step(position, step) if position is not self._progress.pinned else position,
-                            "save", self._progress.metrics, self._written, self._resume_state(position),
+                            reason, self._progress.metrics, self._written, self._resume_state(position),
                             terms.tunables)
 
     def write_now(self, reason: str) -> Outcome:
@@ -189,7 +224,7 @@ class SaveScheduler:
         this returns (for ``stop``); saves waiting are answered with it too."""
         self._writer.wait()
         with self._lock:
-            requests, self._waiting, self.due = self._waiting, [], False
+            requests, self._waiting, self.due, self._autosave_due = self._waiting, [], False, False
         self._taken_at, self._last_outcome = self._progress.boundary, None
         terms = self._terms()
         outcome = self._last_outcome = self._refused(reason, terms) or self._write_here(self._position(), reason, terms)
@@ -228,7 +263,7 @@ class SaveScheduler:
         self._writer.wait()
         self._buffers.clear()
         with self._lock:
-            requests, self._waiting, self.due = self._waiting, [], False
+            requests, self._waiting, self.due, self._autosave_due = self._waiting, [], False, False
         try:
             if not requests:
                 return
@@ -288,6 +323,7 @@ class SaveScheduler:
         self.run.publish(force=True)  # senders waiting with --wait see it now
 
     def _committed(self, checkpoint: Checkpoint, position: TrainingPosition) -> Outcome:
+        self._trained_for = 0.0  # autosave counts from the newest checkpoint, of any kind
         self._progress.global_step = position.global_step
         self._progress.version += 1
         self.run.add_checkpoint(checkpoint)

@@ -13,6 +13,7 @@ What a checkpoint holds (a Keras model, a host copy of one) is written
 through its ``save(path)``; `jupyter_traincontrol.state` has those.
 """
 
+from .commit import AUTOSAVE_REASON, AUTOSAVES_KEPT
 from .folder import LOCK_FILE
 from .records import (
     Checkpoint,
@@ -31,6 +32,8 @@ from .store import CheckpointStore
 from .writer import CheckpointWriter, WriterBusyError
 
 __all__ = [
+    "AUTOSAVE_REASON",
+    "AUTOSAVES_KEPT",
     "Checkpoint",
     "CheckpointDirBusyError",
     "CheckpointDirChangedError",

@@ -30,12 +30,34 @@ from .parts import part_size, remove_part, sidecar_of
 from .records import Checkpoint
 from .sidecar import DEFAULT_RUN
 
-__all__ = ["Committer"]
+__all__ = ["Committer", "AUTOSAVE_REASON", "AUTOSAVES_KEPT", "retained"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
+#: The sidecar reason of a checkpoint taken by the autosave timer.
+AUTOSAVE_REASON = "autosave"
+#: How many of a run's newest autosaves are kept, beside its `keep` others.
+AUTOSAVES_KEPT = 2
+
 _STAGED_PART = "model"  # and the part's suffix: the model part's name inside a staging folder
 _STAGED_SIDECAR = "info.json"
+
+
+def retained(checkpoints: list[Checkpoint], keep: int) -> tuple[list[Checkpoint], list[Checkpoint]]:
+    """Which of a run's `checkpoints` (oldest first) stay and which go: the
+    newest `keep` of those the user asked for (``save``, ``stop``,
+    ``interrupt``, ``end``, ...) and, apart from them, the newest
+    `AUTOSAVES_KEPT` autosaves. So autosaves never push a checkpoint the
+    user asked for out of `keep`.
+
+    Returns:
+        ``(kept, doomed)``, each oldest first.
+    """
+    autosaves = [c for c in checkpoints if c.info.get("reason") == AUTOSAVE_REASON]
+    others = [c for c in checkpoints if c.info.get("reason") != AUTOSAVE_REASON]
+    doomed_ids = {id(c) for c in others[: max(0, len(others) - keep)]}
+    doomed_ids.update(id(c) for c in autosaves[: max(0, len(autosaves) - AUTOSAVES_KEPT)])
+    return ([c for c in checkpoints if id(c) not in doomed_ids], [c for c in checkpoints if id(c) in doomed_ids])
 
 
 class Committer:
@@ -43,7 +65,8 @@ class Committer:
 
     Args:
         folder: The held folder.
-        keep: How many of the run's newest checkpoints to keep.
+        keep: How many of the run's newest checkpoints to keep (autosaves
+            apart: see `retained`).
     """
 
     def __init__(self, folder: CheckpointFolder, keep: int):
@@ -102,23 +125,25 @@ class Committer:
         except OSError as error:
             logger.warning("A failed save left files in %s (the next run removes them): %s", folder.directory, error)
 
-    def flush_previous(self, checkpoints: list[Checkpoint]) -> None:
-        """Flushes the newest of `checkpoints` if this save is going to prune.
+    def flush_previous(self, checkpoints: list[Checkpoint], reason: str) -> None:
+        """Flushes the newest of `checkpoints` if this save (of `reason`) is going to prune.
 
         Done first, before this save changes the folder: a checkpoint written
         a while ago is then usually on disk already, and on a journaling file
         system flushing it forces no journal commit (which, on a busy disk,
         can take seconds).
         """
-        if self.keep > 1 and len(checkpoints) >= self.keep:
+        autosave = reason == AUTOSAVE_REASON
+        same_kind = [c for c in checkpoints if (c.info.get("reason") == AUTOSAVE_REASON) == autosave]
+        limit = AUTOSAVES_KEPT if autosave else self.keep
+        if checkpoints and limit > 1 and len(same_kind) >= limit:
             self.flush(checkpoints[-1])
             self.folder.phase("previous-flushed")
 
     def prune(self, checkpoints: list[Checkpoint], broken: list[tuple[str, dict, str]]) -> None:
-        """Removes all but the newest `keep` of the run's `checkpoints`, and
-        the run's sidecars whose model file a crash left short or missing."""
-        doomed = checkpoints[: max(0, len(checkpoints) - self.keep)]
-        kept = checkpoints[len(doomed):]
+        """Removes the run's `checkpoints` that `retained` lets go, and the
+        run's sidecars whose model file a crash left short or missing."""
+        kept, doomed = retained(checkpoints, self.keep)
         if doomed and not any(c.sequence in self._flushed for c in kept):
             # Never delete a checkpoint before a newer one is surely on disk
             # (with keep=1, that is the new one).

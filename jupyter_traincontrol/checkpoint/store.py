@@ -29,7 +29,8 @@ going to remove the oldest checkpoint (beyond `keep`, sidecar first) first
 flushes the newest one, written a save earlier and by then usually on disk
 already, so that is cheap; with ``keep=1``, the new one is flushed before the
 old one goes. A checkpoint that ends a run (reason ``stop``, ``interrupt`` or
-``end``, a `fit` that ran to its end) is flushed at once. The sidecar records the model file's
+``end``, a `fit` that ran to its end) is flushed at once, and so is an
+``autosave`` (it is there for a crash). The sidecar records the model file's
 size, so a file that a crash left short or empty is not listed. Together: a
 power cut may lose the ``save`` checkpoints of the last half minute, never
 an older one nor the one a run ended with, and never leaves a broken one
@@ -59,7 +60,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..system.private_fs import exists_at
-from .commit import Committer
+from .commit import AUTOSAVE_REASON, Committer, retained
 from .folder import LOCK_FILE, CheckpointFolder
 from .records import (
     Checkpoint,
@@ -75,7 +76,7 @@ from .sidecar import DEFAULT_RUN, build_sidecar
 __all__ = ["CheckpointStore", "LOCK_FILE"]
 
 #: Reasons of checkpoints that end a run: flushed to disk before `save` returns.
-_FLUSH_AT_ONCE = frozenset({"stop", "interrupt", "end"})
+_FLUSH_AT_ONCE = frozenset({"stop", "interrupt", "end", AUTOSAVE_REASON})
 
 
 class CheckpointStore:
@@ -85,6 +86,8 @@ class CheckpointStore:
         directory: Folder of the checkpoints; created (mode 0700, and any
             missing parent too) when the store first takes it.
         keep: How many of the run's newest checkpoints to keep. Defaults to 3.
+            Autosaves are kept apart, the newest `AUTOSAVES_KEPT` of them:
+            they never push out a checkpoint the user asked for.
         run: The run's name: the store lists, prunes and resumes from the
             checkpoints of this name only. Defaults to ``"run"``.
         run_id: The run instance's id, written in each sidecar (the run's
@@ -261,7 +264,7 @@ class CheckpointStore:
         try:
             found = scan(self.directory, folder.dir_fd)
             previous = found.of_run(self.run)
-            committer.flush_previous(previous)
+            committer.flush_previous(previous, reason)
             suffix = getattr(source, "suffix", ".keras")
             sequence, stem = self._free_name(found.top_sequence, position, suffix)
             info = build_sidecar(run=self.run, run_id=self.run_id, sequence=sequence, file=f"{stem}{suffix}",
@@ -282,7 +285,7 @@ class CheckpointStore:
                 committer.flush(checkpoint)
                 folder.phase("flushed")
             committer.prune([*previous, checkpoint], found.broken)
-            self._known = self._known[-self.keep:]
+            self._known = retained(self._known, self.keep)[0]
             folder.phase("pruned")
         except OSError as error:
             raise CheckpointError(

@@ -16,7 +16,10 @@ exception, that lets every other callback's ``on_train_end`` run
 ``TensorBoard``) and `fit` returns its ``History``.
 
 With ``fit`` on the main thread, the first Ctrl+C means ``stop`` and a
-second raises ``KeyboardInterrupt`` as usual. The batch hook costs a flag
+second raises ``KeyboardInterrupt`` as usual; SIGTERM (``docker stop``, a
+scheduler's preemption) stops with a checkpoint, then the process ends as
+SIGTERM asks, once `fit` has returned. Every ten minutes of training
+(``autosave``) a checkpoint is written in the background. The batch hook costs a flag
 check unless a command waits, and forces no host sync per step: on JAX and
 torch Keras may run it on its thread pool (see ``async_safe``).
 """
@@ -28,10 +31,12 @@ import os
 import keras
 
 from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
+from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS, check_autosave
 from ..boundary.tunables import check_user_tunables
 from ..job import Job, current_job
 from ..protocol import Command, Request, RunState
 from ..run import RunLifecycle
+from ..system.sigterm import DEFAULT_SIGTERM_GRACE, check_sigterm_grace
 from .keras2 import Keras2Hooks
 from .resume.sources import check_resume_from
 from .session import FitSession
@@ -77,6 +82,25 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
             epochs of a `fit` that had all it asked for. Defaults to True.
         handle_sigint: When `fit` runs on the main thread, make the first
             Ctrl+C a graceful stop. Defaults to True.
+        handle_sigterm: When `fit` runs on the main thread of a plain
+            process (not a kernel's, whose shutdown stops runs its own way,
+            nor a job's, whose SIGTERM is an agreed stop), SIGTERM stops
+            after the batch in flight with a checkpoint (reason
+            ``interrupt``); `fit` returns as usual, so every callback's
+            ``on_train_end`` runs, then the signal goes on to the handler it
+            replaced: yours if you installed one, else the process ends,
+            killed by SIGTERM (exit status 143). A second SIGTERM, or
+            `sigterm_grace` seconds, ends it at once. Defaults to True.
+        sigterm_grace: Seconds a SIGTERM's stop may take before the process
+            ends at once (exit status 143). Defaults to 20 (``torchrun``
+            sends SIGKILL 30 s after SIGTERM).
+        autosave: Every this many seconds of training (time ``running``,
+            not paused) since the run's newest checkpoint of any kind, a
+            checkpoint is taken at the next batch boundary (reason
+            ``autosave``), in the background where saves are. The newest two
+            autosaves are kept apart from `keep`: they never push out a
+            checkpoint you asked for. 0 turns it off; a job has none.
+            Defaults to 600 (ten minutes).
         verbose: Print one line when the run starts, resumes or ends, and
             for every checkpoint. Defaults to True.
         lifecycle: An open `run.RunLifecycle` to use instead of creating
@@ -145,8 +169,14 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         on_nan: str = "stop",
         nan_rollbacks: int = DEFAULT_MAX_ROLLBACKS,
         job: Job | bool | None = None,
+        handle_sigterm: bool = True,
+        sigterm_grace: float = DEFAULT_SIGTERM_GRACE,
+        autosave: float | None = DEFAULT_AUTOSAVE_SECONDS,
     ):
         super().__init__()
+        self.autosave = check_autosave(autosave)
+        self.handle_sigterm = handle_sigterm
+        self.sigterm_grace = check_sigterm_grace(sigterm_grace)  # checked now, not at train begin
         # A multi-process JAX job: commands agreed across its processes.
         self.job = current_job() if job is None or job is True else (job or None)
         self.tunables = check_user_tunables(tunables)

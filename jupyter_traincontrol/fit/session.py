@@ -3,13 +3,14 @@
 `FitSession` is the per-fit state of a `ControlCallback`: the run (claimed,
 listening), the counters of the fit, the commands' actions, saves and
 steering, the NaN policy, the job (several processes), the data-order
-counts and the resume, the Ctrl+C guard, the watchdog that notices a `fit`
-that raised. Each part is pushed on one `contextlib.ExitStack` as it opens,
+counts and the resume, the safeguards (Ctrl+C, SIGTERM, autosave), the
+watchdog that notices a `fit` that raised. Each part is pushed on one `contextlib.ExitStack` as it opens,
 so `close` unwinds them in reverse, once, whatever thread ends the fit (the
 training thread at train end, the watchdog's tick on the run's thread when `fit`
 raised, a job's watcher when a process was lost, or exit). At train end
 (`train_ended`), a `fit` that ran to its end first writes its last
-checkpoint (reason ``end``), and the run is closed saying how it ended.
+checkpoint (reason ``end``), and the run is closed saying how it ended; a
+SIGTERM that stopped the `fit` is handed on once `fit` has returned.
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from ..boundary.actions import CommandActions
 from ..boundary.nan_policy import NanPolicy
 from ..boundary.progress import TrainingProgress
+from ..boundary.safeguards import Safeguards
 from ..boundary.saves import SaveScheduler
 from ..boundary.steering import Steering
 from ..boundary.tunables import Tunables
 from ..checkpoint import SkippedCheckpoint, TrainingPosition
-from ..protocol import Command, RunState, final_state
+from ..protocol import RunState, final_state
 from ..run import RunLifecycle
 from ..run.voice import say
 from ..state import Keras2State, KerasState, is_keras2_model, random_state
-from ..system.sigint import SigintGuard, graceful_stop
+from ..system.frames import call_after_return
 from . import keras2, watchdog
 from .boundaries import Boundaries
 from .dispatch import BatchDispatch
@@ -62,6 +64,9 @@ class FitSettings(Protocol):
     resume_from: "str | os.PathLike | None"
     save_at_end: bool
     handle_sigint: bool
+    handle_sigterm: bool
+    sigterm_grace: float
+    autosave: float | None
     verbose: bool
     save_in_background: bool
     tunables: Mapping[str, Any]
@@ -96,6 +101,8 @@ class FitSession:
         self.resumption: Resumption | None = None
         self.random_at_epoch_start: random_state.EpochStart | None = None  # `random_state.capture_epoch_start` of the epoch in progress
         self.lost_because: str | None = None  # why `fit` left without on_train_end, if known
+        self.safeguards: Safeguards | None = None
+        self._fit_frame = None  # the `fit` call's frame, until the fit closes (a SIGTERM is handed on after it)
         self.final_state = RunState.FAILED
         self.error: str | None = None
         self.end_reason: str | None = None
@@ -149,6 +156,7 @@ class FitSession:
         run.publisher.add_tick_hook(fit_watchdog.check)
         stack.callback(run.publisher.remove_tick_hook, fit_watchdog.check)
         self._watchdog = fit_watchdog
+        self._fit_frame = fit_watchdog.frame
 
     def _open_parts(self) -> None:
         run, callback, stack, model, progress = self.run, self.callback, self._stack, self.model, self.progress
@@ -158,7 +166,8 @@ class FitSession:
         tunables = Tunables(model, callback.tunables, rebuild=lambda: rebuild_train_function(model))
         self.steering = steering = Steering(self.trained, tunables, run, progress, self.say,
                                             history=lambda: getattr(model, "history", None))
-        saves = self._saves(store, background=callback.save_in_background and job is None and self.trained.snapshots)
+        saves = self._saves(store, background=callback.save_in_background and job is None and self.trained.snapshots,
+                            autosave=callback.autosave if job is None else None)
         steering.wait_for_saves = saves.wait_for_writes
         channel = run.channel
         if job is not None:  # commands of a multi-process job: proposed to all, applied by all at one step
@@ -184,16 +193,17 @@ class FitSession:
         read_on = run.publisher.run_soon if tunables.read_anywhere else None  # off the training thread
         steering.begin(getattr(self.resumption, "checkpoint", None), read_on)
         stack.callback(steering.publish_unread)  # in the last record, even if the run's thread had not read them
-        if callback.handle_sigint:
-            stop = graceful_stop(self.note_interrupt, lambda: self.run.send(Command.STOP, sender="sigint"), "batch")
-            guard = SigintGuard(stop, self._on_second_sigint)
-            guard.install()
-            stack.callback(guard.retire)
+        # SIGTERM: a job agrees its own stop, a notebook cell's run is the kernel's (its shutdown path)
+        self.safeguards = Safeguards(run, saves, self.note_interrupt, "batch", sigint=callback.handle_sigint,
+                                     sigterm=callback.handle_sigterm and job is None and callback.owns_lifecycle,
+                                     sigterm_grace=callback.sigterm_grace, on_second_sigint=self._on_second_sigint)
+        self.safeguards.open(stack)
 
-    def _saves(self, store, background: bool) -> SaveScheduler:
+    def _saves(self, store, background: bool, autosave: float | None = None) -> SaveScheduler:
         """This fit's checkpoints into `store`, on its steering's terms."""
         saves = SaveScheduler(self.trained, self.run, self.progress, self.say, background=background,
-                              resume_state=None if self.keras2 else self._resume_state, store=store)
+                              resume_state=None if self.keras2 else self._resume_state, store=store,
+                              autosave=autosave)
         saves.policy = self.steering
         return saves
 
@@ -377,6 +387,9 @@ class FitSession:
             self._stack.close()
         finally:
             self._closed.set()
+        frame, self._fit_frame = self._fit_frame, None
+        if self.safeguards is not None and self._watchdog.thread_id == threading.get_ident():
+            self.safeguards.deliver_sigterm(after=lambda deliver: call_after_return(frame, deliver))
 
     def end_lost(self, message: str) -> None:
         """A job's process was lost, or this one exits with its `fit` not

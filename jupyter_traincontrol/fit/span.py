@@ -19,6 +19,10 @@ swallows (the code after the block runs). A command sent between two fits
 acts in the next one. The run's final state: ``stopped`` or ``aborted``
 after that command, ``failed`` if the block raised (``interrupt`` as its
 end reason for a Ctrl+C between two fits), else ``finished``.
+
+SIGTERM (``handle_sigterm``) stops the block's run the same way, with a
+checkpoint if a `fit` is training, and once the block has ended, the
+process ends as SIGTERM asks (`system.sigterm.SigtermStop`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from ..protocol import RunState, final_state
+from ..protocol import Command, RunState, final_state
 from ..run import RunDrivers
 from ..run.voice import say
+from ..system.sigterm import SigtermStop
 from . import watchdog
 
 __all__ = ["FitSpan", "TrainingEnded"]
@@ -64,6 +69,7 @@ class FitSpan:
         #: The callback's own: resume and resume_from apply to the first fit only, and save_at_end to the block's
         #: end (one checkpoint of a finished block, not one a fit); all the callback's again after the block.
         self._settings = callback.resume, callback.resume_from, callback.save_at_end
+        self._sigterm: SigtermStop | None = None
 
     @classmethod
     def open(cls, callback: Any) -> "FitSpan":
@@ -96,8 +102,27 @@ class FitSpan:
             raise
         callback.owns_lifecycle = False  # its fits drive the open run
         callback.save_at_end = False  # the block writes its end's checkpoint itself (`close`)
+        if callback.handle_sigterm:
+            span._guard_sigterm()
         say(run.listening_words(), verbose=callback.verbose)
         return span
+
+    def _guard_sigterm(self) -> None:
+        """SIGTERM stops the block's run (main thread only; not in a kernel)."""
+        callback = self._callback
+        run = callback.lifecycle
+
+        def stop() -> None:
+            callback.note_interrupt()
+            try:
+                run.send(Command.STOP, sender="sigterm")
+            except Exception:  # the run ended meanwhile
+                pass
+
+        sigterm = SigtermStop(stop, callback.sigterm_grace)
+        if sigterm.install():
+            self._sigterm = sigterm
+            run.publisher.add_tick_hook(sigterm.check_grace)
 
     def fit_begins(self) -> None:
         """``on_train_begin``, before the fit's session opens: only the first
@@ -156,4 +181,11 @@ class FitSpan:
             finally:
                 run.close(state, text, reason)
         say(f"Run {run.name!r} {state}.", verbose=callback.verbose)
+        sigterm, self._sigterm = self._sigterm, None
+        if sigterm is not None:
+            run.publisher.remove_tick_hook(sigterm.check_grace)
+            if sigterm.received:
+                sigterm.deliver()  # the block's run has ended: the process ends as SIGTERM asked
+            else:
+                sigterm.retire()
         return swallowed

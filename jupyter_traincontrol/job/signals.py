@@ -57,6 +57,7 @@ class SigtermRelay(ChainedHandler):
     """
 
     signum = signal.SIGTERM
+    governs_exit = True  # the job's agreed stop: a training's own SIGTERM stop stays out
 
     def __init__(self, on_sigterm: Callable[[], None]):
         super().__init__()

@@ -3,7 +3,7 @@
 `LoopSession` is to a `TrainLoop` what `fit.session.FitSession` is to a
 `fit`: the run (its own, or the notebook cell's), the loop's counters, the
 commands' actions, saves and steering, the NaN policy, the resume and the
-Ctrl+C guard, on one `contextlib.ExitStack`. Its boundary methods
+safeguards (Ctrl+C, SIGTERM, autosave), on one `contextlib.ExitStack`. Its boundary methods
 (`epoch_began`, `item_done`, `epoch_ended`) are where waiting commands act,
 on the loop's thread; they are the same boundary layer as `fit`'s.
 """
@@ -19,13 +19,13 @@ from typing import Any, Mapping
 from ..boundary.actions import CommandActions
 from ..boundary.nan_policy import NanPolicy
 from ..boundary.progress import TrainingProgress
+from ..boundary.safeguards import Safeguards
 from ..boundary.saves import SaveScheduler
 from ..boundary.steering import Steering
 from ..checkpoint import Checkpoint, SkippedCheckpoint, TrainingPosition
 from ..protocol import Command, RunState, end_reason
 from ..run.voice import say
 from ..state import random_state
-from ..system.sigint import SigintGuard, graceful_stop
 from ..system.signals import on_main_thread
 
 __all__ = ["LoopSession"]
@@ -41,7 +41,8 @@ class LoopSession:
             `CallableState`, or a state that refuses checkpoints).
         tunables: What ``set`` may change.
         settings: The loop's settings (``resume``, ``on_nan``,
-            ``nan_rollbacks``, ``handle_sigint``, ``save_in_background``,
+            ``nan_rollbacks``, ``handle_sigint``, ``handle_sigterm``,
+            ``sigterm_grace``, ``autosave``, ``save_in_background``,
             ``verbose``, ``model``).
     """
 
@@ -55,6 +56,7 @@ class LoopSession:
         self.progress.last_batch_ends_epoch = False  # the body may go on after the last item
         self.global_step = 0  # items trained, counted across resumes (the step of states without an optimizer's)
         self.actions: CommandActions | None = None
+        self.safeguards: Safeguards | None = None
         self.resumed: Checkpoint | None = None
         self.skip = 0  # items of the resumed epoch already trained
         self.random_at_epoch_start: random_state.EpochStart | None = None
@@ -89,7 +91,7 @@ class LoopSession:
         stack.callback(run.unfollow)
         background = settings.save_in_background and getattr(self.trained, "snapshots", False)
         saves = SaveScheduler(self.trained, run, progress, self.say, background=background,
-                              resume_state=self._resume_state)
+                              resume_state=self._resume_state, autosave=settings.autosave)
         steering = Steering(self.trained, self.tunables, run, progress, self.say)
         steering.wait_for_saves = saves.wait_for_writes
         saves.policy = steering
@@ -102,11 +104,11 @@ class LoopSession:
         if settings.resume:
             self._resume()
         steering.begin(self.resumed)
-        if settings.handle_sigint and self.owns_run and on_main_thread():
-            stop = graceful_stop(self.note_interrupt, lambda: self.run.send(Command.STOP, sender="sigint"), "item")
-            guard = SigintGuard(stop, self._on_second_sigint)
-            guard.install()
-            stack.callback(guard.retire)
+        main = self.owns_run and on_main_thread()  # a notebook cell's run is the kernel's (its shutdown path)
+        self.safeguards = Safeguards(run, saves, self.note_interrupt, "item", sigint=settings.handle_sigint and main,
+                                     sigterm=settings.handle_sigterm and main, sigterm_grace=settings.sigterm_grace,
+                                     on_second_sigint=self._on_second_sigint)
+        self.safeguards.open(stack)
         if run.state == RunState.STARTING:
             run.move_to(RunState.RUNNING)
         if run.state == RunState.STOPPING:  # the cell's run was stopped before this loop
@@ -261,6 +263,8 @@ class LoopSession:
             self._closing = True
         self.final_state, self.error = final_state, error
         self._stack.close()
+        if self.safeguards is not None and self.on_loop_thread():  # the loop's run has ended: SIGTERM goes on
+            self.safeguards.deliver_sigterm()
 
     @property
     def ended_by(self) -> Command | None:

@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
+from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS, check_autosave
 from ..protocol import Command, RunState, final_state
 from ..run import RunLifecycle
+from ..system.sigterm import DEFAULT_SIGTERM_GRACE, check_sigterm_grace
 from .host import current_host
 from .session import LoopSession
 from .states import build_state
@@ -64,6 +66,17 @@ class TrainLoop:
             ``rollback`` or ``ignore`` (as `ControlCallback`'s). Defaults to ``stop``.
         handle_sigint: On the main thread, the first Ctrl+C stops with a
             checkpoint. Defaults to True.
+        handle_sigterm: On the main thread, SIGTERM stops with a checkpoint
+            after the item in flight; once the ``with`` block's run has
+            ended, the process ends as SIGTERM asks (a SIGTERM handler of
+            yours, installed before, is called then). A second SIGTERM, or
+            `sigterm_grace` seconds, ends it at once. Defaults to True.
+        sigterm_grace: Seconds a SIGTERM's stop may take. Defaults to 20.
+        autosave: Every this many seconds of training since the run's
+            newest checkpoint, a checkpoint (reason ``autosave``) at the next
+            item's end, written in the background where saves are. The
+            newest two autosaves are kept, apart from `keep`. 0 turns it
+            off. Defaults to 600 (ten minutes).
         verbose: One line when the run starts, resumes, checkpoints, ends.
         nan_rollbacks: Rollbacks ``on_nan="rollback"`` makes. Defaults to 3.
         save_in_background: Write ``save`` checkpoints on a writer thread
@@ -85,8 +98,12 @@ class TrainLoop:
                  save: Callable[[Path], Any] | None = None, load: Callable[[Path], Any] | None = None,
                  tunables: Mapping[str, Any] | None = None, on_nan: str = "stop", handle_sigint: bool = True,
                  verbose: bool = True, nan_rollbacks: int = DEFAULT_MAX_ROLLBACKS, save_in_background: bool = True,
-                 save_at_end: bool = True, sync: Callable[[], None] | None = None):
+                 save_at_end: bool = True, sync: Callable[[], None] | None = None, handle_sigterm: bool = True,
+                 sigterm_grace: float = DEFAULT_SIGTERM_GRACE, autosave: float | None = DEFAULT_AUTOSAVE_SECONDS):
         self.on_nan = check_policy(on_nan, nan_rollbacks)
+        self.autosave = check_autosave(autosave)
+        self.handle_sigterm = handle_sigterm
+        self.sigterm_grace = check_sigterm_grace(sigterm_grace)  # checked now, not on entry
         self.nan_rollbacks = nan_rollbacks
         self.resume = bool(resume)
         self.handle_sigint = handle_sigint
@@ -114,6 +131,7 @@ class TrainLoop:
             self.resume = host.take_resume()
             self.on_nan, self.save_in_background = host.on_nan, host.save_in_background
             self.save_at_end, self.handle_sigint, self.verbose = host.save_at_end, False, False
+            self.handle_sigterm, self.autosave = False, host.autosave
             if host.resume_from is not None:
                 run.journal.log("warning", f"--resume-from {host.resume_from} is for a fit: a TrainLoop resumes "
                                            "its own run's checkpoints (--resume).")

@@ -43,16 +43,18 @@ class CellDrivers(RunDrivers):
         save_in_background: False for ``--sync-saves``, for loops.
         save_at_end: False for ``--no-save-at-end``, for loops.
         resume_from: The magic's ``--resume-from`` (for a fit; a loop says it does not take it).
+        autosave: The magic's ``--autosave``, for loops (None: off).
     """
 
     def __init__(self, lifecycle, *, resume: bool, on_nan: str, save_in_background: bool, save_at_end: bool = True,
-                 resume_from: str | None = None):
+                 resume_from: str | None = None, autosave: float | None = None):
         super().__init__(resume=resume)
         self.lifecycle = lifecycle
         self.on_nan = on_nan
         self.save_in_background = save_in_background
         self.save_at_end = save_at_end
         self.resume_from = resume_from
+        self.autosave = autosave
         self.interrupted_cell = False  # a kernel interrupt raised KeyboardInterrupt in the cell's code
         self._idle_since: float | None = None
         self.cell_thread: threading.Thread | None = None

@@ -52,6 +52,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Bool, Enum, Float, Int, Unicode, observe
 
+from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS
 from ..registry import NameTakenError, unique_name, validate_name
 from .kernel_shutdown import ShutdownHook, stop_runs
 from .run import TrainingRun, active_runs
@@ -111,6 +112,13 @@ class TrainControlMagics(Magics):
         help="Seconds a kernel shutdown or restart waits for active runs to stop with a checkpoint (SIGTERM is "
         "held meanwhile). jupyter_client kills the kernel at its KernelManager.shutdown_wait_time (5 s by "
         "default): for large models raise both, this one about half a second below it.",
+    ).tag(config=True)
+    autosave = Float(
+        DEFAULT_AUTOSAVE_SECONDS,
+        min=0.0,
+        help="Seconds of training (not paused) after a run's newest checkpoint at which it writes one in the "
+        "background (reason autosave; the newest two are kept apart from --keep), so a kernel that dies loses "
+        "at most this much training. 0 turns it off; --autosave SECONDS sets it for one cell.",
     ).tag(config=True)
     save_at_end = Bool(
         True,
@@ -233,6 +241,10 @@ class TrainControlMagics(Magics):
         help="save on the training thread, without a host copy of the variables; for when memory is short",
     )
     @argument(
+        "--autosave", type=float, metavar="SECONDS",
+        help="write a checkpoint after every SECONDS of training since the newest one (default: 600; 0: off)",
+    )
+    @argument(
         "--tunables", metavar="NAME",
         help="a dict in the namespace, names to Keras variables the model reads, that `set NAME=VALUE` may change",
     )
@@ -264,6 +276,9 @@ class TrainControlMagics(Magics):
         tunables = self._tunables(args.tunables)
         if args.resume_from is not None:
             self._check_resume_from(args.resume_from, checkpoint_dir)
+        autosave = self.autosave if args.autosave is None else args.autosave
+        if not autosave >= 0:
+            raise UsageError(f"%%interruptible_fit: --autosave takes seconds, 0 to turn it off; got {autosave}.")
         try:
             run = self._start_run(
                 self.shell.transform_cell(cell),
@@ -277,6 +292,7 @@ class TrainControlMagics(Magics):
                 tunables=tunables,
                 on_nan=args.on_nan or self.on_nan,
                 save_in_background=not (args.sync_saves or self.sync_saves),
+                autosave=autosave,
             )
         except NameTakenError as error:
             raise UsageError(f"%%interruptible_fit: {error}") from None

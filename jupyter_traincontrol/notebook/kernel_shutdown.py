@@ -69,6 +69,7 @@ class SigtermHold(ChainedHandler):
 
     signum = signal.SIGTERM
     takes_ignored = True  # installed whatever the disposition; an ignored SIGTERM stays ignored
+    governs_exit = True  # a fit on the kernel's main thread keeps the kernel's shutdown path
 
     def __init__(self):
         super().__init__()

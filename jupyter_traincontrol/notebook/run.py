@@ -24,6 +24,7 @@ import time
 import traceback
 from typing import Any, Callable, Protocol
 
+from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS
 from ..fit import watchdog
 from ..loop.host import hosting
 from ..protocol import ACTIVE_STATES, FINAL_STATES, Command, Request, RunState, final_state, parse_command
@@ -95,6 +96,8 @@ class TrainingRun(FitInterceptor):
             checkpoint (see `ControlCallback`). Defaults to True.
         resume_from: Resume the first ``fit`` from another run's newest
             checkpoint, or from a checkpoint file (see `ControlCallback`).
+        autosave: Seconds of training between autosaves (see
+            `ControlCallback`); 0 or None: off. Defaults to 600.
 
     Example:
 
@@ -120,6 +123,7 @@ class TrainingRun(FitInterceptor):
         save_in_background: bool = True,
         save_at_end: bool = True,
         resume_from: str | None = None,
+        autosave: float | None = DEFAULT_AUTOSAVE_SECONDS,
     ):
         self.on_interrupt = parse_command(on_interrupt)
         if self.on_interrupt not in (Command.STOP, Command.SAVE, Command.ABORT):
@@ -132,9 +136,10 @@ class TrainingRun(FitInterceptor):
         self.callback = ControlCallback(
             lifecycle=self.lifecycle, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan,
             save_in_background=save_in_background, save_at_end=save_at_end, resume_from=resume_from,
+            autosave=autosave,
         )
         self.drivers = CellDrivers(self.lifecycle, resume=resume, on_nan=on_nan, save_in_background=save_in_background,
-                                   save_at_end=save_at_end, resume_from=resume_from)
+                                   save_at_end=save_at_end, resume_from=resume_from, autosave=autosave)
         self.output = OutputBuffer()
         self.history = None
         self.fit_calls = 0

@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["END_REASONS", "SENDERS", "sender_of", "sender_words", "end_reason"]
+__all__ = ["END_REASONS", "SENDERS", "sender_of", "sender_words", "end_reason", "is_interrupt"]
 
 #: How a run ended, as a record's ``end_reason`` says it.
 END_REASONS = {
@@ -61,6 +61,13 @@ def sender_of(request_id: str | None) -> str | None:
     return word if word in SENDERS else None
 
 
+def is_interrupt(request_id: str | None) -> bool:
+    """True for a request an interrupt sent (a kernel interrupt, Ctrl+C,
+    SIGTERM, a preemption notice): its stop's checkpoint has reason
+    ``interrupt``, and the run ends ``interrupt``."""
+    return sender_of(request_id) in _INTERRUPTS
+
+
 def sender_words(request_id: str | None) -> str | None:
     """Who sent a request, for a person: ``cli``, ``the side panel``, ...;
     an id of no known sender as ``#ID``; None without an id."""
@@ -88,9 +95,9 @@ def end_reason(state: str, request_id: str | None = None, *, nan: bool = False) 
         return None
     if nan:
         return "nan"
-    word = sender_of(request_id)
-    if word in _INTERRUPTS:
+    if is_interrupt(request_id):
         return "interrupt"
+    word = sender_of(request_id)
     if word == "shutdown":
         return "kernel-restart"
     return "command"

@@ -4,7 +4,8 @@ A `fit` that raises skips every callback on its way out, so the tool
 remembers the frame of the ``fit`` call (`find_caller`) and later asks
 whether it is still on its thread's stack (`on_stack`); the data order of
 a `fit` is read from the locals of that frame; a job looks for a thread
-waiting in JAX's shutdown (`any_thread_in`).
+waiting in JAX's shutdown (`any_thread_in`); a SIGTERM that stopped a
+`fit` is handed on once that `fit` has returned (`call_after_return`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 from types import FrameType
 from typing import Callable
 
-__all__ = ["find_caller", "fit_frame", "on_stack", "any_thread_in"]
+__all__ = ["find_caller", "fit_frame", "on_stack", "any_thread_in", "call_after_return"]
 
 
 def find_caller(matches: Callable[[FrameType], bool], depth: int = 1) -> FrameType | None:
@@ -58,3 +59,25 @@ def any_thread_in(function: str, file_suffix: str) -> bool:
                 return True
             frame = frame.f_back
     return False
+
+
+def call_after_return(frame: FrameType | None, action: Callable[[], None]) -> bool:
+    """Calls `action()` once `frame` (of this thread) returns or raises, as
+    its caller goes on, with a profile function (`sys.setprofile`) set only
+    until then.
+
+    Returns:
+        False, calling nothing, if `frame` is not on this thread's stack or
+        a profiler is set already (ours would replace it): the caller acts
+        at once instead.
+    """
+    if frame is None or sys.getprofile() is not None or not on_stack(threading.get_ident(), frame):
+        return False
+
+    def profile(current: FrameType, event: str, _arg) -> None:
+        if event == "return" and current is frame:
+            sys.setprofile(None)
+            action()
+
+    sys.setprofile(profile)
+    return True

@@ -10,18 +10,14 @@ handler ran inside a garbage-collector callback, as JAX's are), so the run
 is told too (``on_second``), and its next boundary raises it again.
 
 A run that ends off the main thread (its `fit` raised, and the run's own
-thread noticed) retires its guard (`system.signals.ChainedHandler`): the
-guard turns inert at once and asks the main thread to run it
-(``_thread.interrupt_main``: no signal is sent to the process, no system
-call is interrupted, and it is asked only while the guard is still the
-installed handler); run there, it puts the previous handler back and does
-nothing else. A real Ctrl+C that comes first is handed on to the previous
-handler, as without us.
+thread noticed) retires its guard (`system.signals.ChainedHandler`, which
+`restores_on_main`): the guard turns inert at once and asks the main
+thread to put the previous handler back. A real Ctrl+C that comes first is
+handed on to the previous handler, as without us.
 """
 
 from __future__ import annotations
 
-import _thread
 import signal
 from typing import Callable
 
@@ -30,7 +26,8 @@ from .signals import ChainedHandler, write_stderr
 __all__ = ["SigintGuard", "graceful_stop"]
 
 
-def graceful_stop(note_interrupt: Callable[[], None], send_stop: Callable[[], object], unit: str) -> Callable[[], None]:
+def graceful_stop(note_interrupt: Callable[[], None], send_stop: Callable[[], object], unit: str,
+                  say: bool = True) -> Callable[[], None]:
     """The first Ctrl+C of a training, as `SigintGuard`'s ``on_first``: marks
     the next stop as an interrupt's, asks for it, and says so on stderr
     (written directly: ``sys.stdout`` is not reentrant in a signal handler).
@@ -39,6 +36,7 @@ def graceful_stop(note_interrupt: Callable[[], None], send_stop: Callable[[], ob
         note_interrupt: Marks the next stop's checkpoint reason ``interrupt``.
         send_stop: Sends the run ``stop`` (an error means the run has ended: nothing to stop).
         unit: What the stop comes after (``batch``, ``item``), for the message.
+        say: Write the Ctrl+C message (False: the caller says its own).
     """
 
     def on_first() -> None:
@@ -47,8 +45,9 @@ def graceful_stop(note_interrupt: Callable[[], None], send_stop: Callable[[], ob
             send_stop()
         except Exception:  # the run ended meanwhile: nothing to stop
             pass
-        write_stderr(f"\n[traincontrol] Ctrl+C: stopping after this {unit}, with a checkpoint. "
-                     "Press Ctrl+C again to interrupt at once.\n")
+        if say:
+            write_stderr(f"\n[traincontrol] Ctrl+C: stopping after this {unit}, with a checkpoint. "
+                         "Press Ctrl+C again to interrupt at once.\n")
 
     return on_first
 
@@ -64,28 +63,16 @@ class SigintGuard(ChainedHandler):
     """
 
     signum = signal.SIGINT
+    restores_on_main = True
 
     def __init__(self, on_first: Callable[[], None], on_second: Callable[[bool], None] | None = None):
         super().__init__()
         self._on_first = on_first
         self._on_second = on_second or (lambda raises: None)
-        self._restore_asked = False
         self.count = 0
 
     def _installing(self) -> None:
         self.count = 0
-
-    def _retired_off_main_thread(self) -> None:
-        if signal.getsignal(signal.SIGINT) == self._handle:
-            self._restore_asked = True
-            _thread.interrupt_main(signal.SIGINT)
-
-    def _after_retirement(self, signum, frame) -> None:
-        if self._restore_asked:  # our own request (`retire`): only restore
-            self._restore_asked = False
-            self.uninstall()
-        else:  # the run is over: this SIGINT is the user's, as without us
-            self.pass_on(signum, frame)
 
     def handle(self, signum, frame) -> None:
         self.count += 1

@@ -9,7 +9,11 @@ on any thread. `ChainedHandler` is the one implementation of that pairing:
 - `retire` works from any thread: on the main thread it is `uninstall`;
   elsewhere the handler turns inert at once, and the next signal (handed on
   to the previous handler, as without us) or the next handler installed for
-  the same signal puts the previous one back.
+  the same signal puts the previous one back. A handler that
+  `restores_on_main` also asks the main thread to put it back now
+  (``_thread.interrupt_main``: no signal is sent to the process, no system
+  call is interrupted; run there, our handler only restores the previous
+  one).
 - `pass_on` hands a signal to the handler we replaced (or does what the
   default disposition would).
 
@@ -21,6 +25,7 @@ Ctrl+C that stops a run (`sigint`), a SIGTERM that stops a job
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import threading
@@ -52,15 +57,23 @@ class ChainedHandler:
         takes_ignored: Install even where the signal is ignored (``SIG_IGN``)
             or handled from C (``getsignal`` returns None). Defaults to False:
             then `install` leaves such a signal alone.
+        governs_exit: This handler decides how the process ends on its
+            signal (a kernel's shutdown, a job's agreed stop): a training's
+            own handler for that signal then stays out (`governed`).
+        restores_on_main: `retire` off the main thread asks the main thread
+            to put the previous handler back at once. Defaults to False.
     """
 
     signum: int = signal.SIGINT
     takes_ignored = False
+    governs_exit = False
+    restores_on_main = False
 
     def __init__(self):
         self._previous = None
         self._installed = False
         self._retired = False
+        self._restore_asked = False
 
     @property
     def installed(self) -> bool:
@@ -71,6 +84,12 @@ class ChainedHandler:
     def previous(self):
         """The handler we replaced."""
         return self._previous
+
+    @classmethod
+    def governed(cls) -> bool:
+        """True if the signal's current handler is one that `governs_exit`."""
+        owner = getattr(signal.getsignal(cls.signum), "__self__", None)
+        return isinstance(owner, ChainedHandler) and owner.governs_exit
 
     def install(self) -> bool:
         """Installs the handler if this is the main thread (and the signal
@@ -142,11 +161,21 @@ class ChainedHandler:
         """Called by `install` just before the handler goes in (reset counters here)."""
 
     def _retired_off_main_thread(self) -> None:
-        """Called by `retire` off the main thread, once the handler is inert."""
+        """Called by `retire` off the main thread, once the handler is inert:
+        asks the main thread to restore the previous handler, if
+        `restores_on_main` and ours is still the installed one."""
+        if self.restores_on_main and signal.getsignal(self.signum) == self._handle:
+            self._restore_asked = True
+            _thread.interrupt_main(self.signum)
 
     def _after_retirement(self, signum, frame) -> None:
-        """A signal after `retire`: by default, handed on as if we were never here."""
-        self.pass_on(signum, frame)
+        """A signal after `retire`: our own request (`_retired_off_main_thread`)
+        only restores; any other is handed on as if we were never here."""
+        if self._restore_asked:
+            self._restore_asked = False
+            self.uninstall()
+        else:
+            self.pass_on(signum, frame)
 
     def _handle(self, signum, frame) -> None:
         if self._retired:
