@@ -24,6 +24,15 @@ def test_benchmark_quick_run_prints_its_summary(script, tmp_path):
     quick_run(script, tmp_path)
 
 
+def test_autosave_cost_prints_the_cost_at_the_default_and_a_short_interval(tmp_path):
+    """``autosave_cost.py`` on one backend: the fit without autosave, at the
+    default interval and at a short one, and the cost derived for the default."""
+    result = quick_run("autosave_cost", tmp_path, "--backend", "tensorflow")
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith("SUMMARY autosave_cost: tensorflow: at the default 600 s: "), summary
+    assert "; every 1 s: " in summary and " a fit)" in summary and "x CPU" in summary
+
+
 def test_overhead_measures_each_backend_in_its_own_process(tmp_path):
     """``overhead.py`` (``--backend all``, the default) runs itself once per
     backend and ends with one summary naming all three."""

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -166,6 +169,29 @@ def test_ended_runs_stay_listed_with_how_they_ended_across_kernel_and_server_res
     open_side_panel(page)
     check("after a server restart")
     screenshot(page, "lab-1400-ended-runs-after-server-restart")
+
+
+def test_a_kernel_killed_for_memory_leaves_its_run_lost_with_an_autosave_and_how_to_continue(jupyter, page, tmp_path):
+    """The kernel dies with SIGKILL (as the OOM killer ends it) while its
+    run trains with a short autosave: the side panel and the cell's place
+    say the run was lost, list its autosave and how to go on (--resume)."""
+    cells = [TRAIN_CELLS[0], TRAIN_CELLS[1].replace("--name nb-busy", "--name nb-busy --autosave 1")]
+    start_training_notebook(jupyter, page, tmp_path, cells=cells)
+    wait_until(lambda: len(record_of("nb-busy").get("checkpoints") or []) >= 1, timeout=90, message="an autosave")
+    newest = record_of("nb-busy")["checkpoints"][-1]
+    assert read_sidecar(newest)["reason"] == "autosave"
+    os.kill(record_of("nb-busy")["pid"], signal.SIGKILL)  # the kernel, as the OOM killer ends it
+    hint = (f"Its newest checkpoint is {Path(newest).name}: continue from it with "
+            "%%interruptible_fit --name nb-busy --resume.")
+    open_side_panel(page)
+    for scope in (page.locator(PANEL), place_of(page, 1, "nb-busy")):
+        card = scope.locator('.jp-TrainControl-run[data-run="nb-busy"]')
+        card.locator(".jp-TrainControl-outcomeText", has_text="Lost: its process ended").wait_for(timeout=60_000)
+        assert words(card.locator(".jp-TrainControl-resumeHint")) == hint
+    for width in (1400, 600):
+        page.set_viewport_size({"width": width, "height": 900})
+        place_of(page, 1, "nb-busy").scroll_into_view_if_needed()
+        screenshot(page, f"lab-{width}-kernel-killed")
 
 
 @pytest.mark.parametrize("app", ["lab", "notebook"])

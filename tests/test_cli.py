@@ -256,9 +256,30 @@ def test_list_all_keeps_ended_runs_with_how_they_ended_after_their_process_is_go
     header, *rows = cli("list", "--all").stdout.strip().splitlines()
     assert header.split() == ["NAME", "STATE", "EPOCH", "STEP", "LOSS", "LR", "AGE", "ENDED", "WHERE"]
     assert "finished, " in rows[0] and " ago" in rows[0] and f"(pid {finished.process.pid}, gone)" in rows[0]
-    assert "process-gone, " in rows[1]
+    assert "process-gone, " in rows[1] and rows[1].split()[1] == "gone"  # not "running": its process died
+    newest = gone["checkpoints"][-1].rsplit("/", 1)[-1]
+    assert rows[2:] == [f"killed: its process is gone. Its newest checkpoint is {newest}: continue from it with "
+                        "resume=True (run killed)."]
     sent = cli("send", "done", "stop")  # an ended run takes no commands, and the error says how it ended
     assert sent.returncode == 3 and "The last run named 'done' has ended (state finished, end reason finished)" in sent.stderr
+
+
+def test_send_wait_finds_its_answer_after_many_other_answers_at_one_boundary(live_run):
+    """A waited command answered among 60 others with answers of their own
+    (more than the record's newest 50): its sender still finds it, and the
+    record stays bounded however many waited answers pile up."""
+    from jupyter_traincontrol.control.client import send, wait_for_ack
+    from jupyter_traincontrol.run.journal import ACKS_KEPT, WAITED_ACKS_KEPT
+
+    waited = send("alpha", "set momentum=0.5", sender="cli", waited=True)
+    live_run.journal.acknowledge(live_run.channel.get(5), "applied", "momentum 0.9 -> 0.5")
+    for index in range(60):
+        live_run.journal.acknowledge(parse_request(f"set beta_1=0.{index + 1} #o{index}"), "applied", f"beta_1 -> {index}")
+    live_run.publish(force=True)
+    assert wait_for_ack("alpha", waited, timeout=5)["message"] == "momentum 0.9 -> 0.5"  # was: exit 4, "ended"
+    for index in range(3 * WAITED_ACKS_KEPT):
+        live_run.journal.acknowledge(parse_request(f"save #cli-w{index:012x}"), "applied", f"checkpoint {index}")
+    assert len(live_run.journal.as_record()["acks"]) <= ACKS_KEPT + WAITED_ACKS_KEPT
 
 
 def test_a_burst_of_answers_keeps_the_record_small_and_send_wait_finds_its_own(live_run, capsys):

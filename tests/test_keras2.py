@@ -8,6 +8,7 @@ tf_keras), else ``import tf_keras``. Tiny models, 8 batches an epoch.
 from __future__ import annotations
 
 import html
+import json
 import os
 import signal
 import subprocess
@@ -346,6 +347,16 @@ def test_a_script_stopped_by_ctrl_c_then_resumed(tmp_path, training):
     assert code == 0, err
     assert resumed["state"] == "finished" and resumed["epochs"][0] == info["resume_epoch"]
     assert resumed["optimizer_step"] == epochs * BATCH
+
+
+def test_sigterm_stops_a_keras2_script_with_a_checkpoint_then_ends_it(tmp_path, training):
+    script = training("--name", "k2term", "--checkpoint-dir", str(tmp_path / "ck"), script=KERAS2_SCRIPT)
+    script.process.send_signal(signal.SIGTERM)
+    code, result, err = script.finish()
+    assert code == -signal.SIGTERM and result is None, err  # ended as SIGTERM asks, after fit returned
+    assert "SIGTERM: stopping after this batch, with a checkpoint" in err
+    (sidecar,) = sorted((tmp_path / "ck").glob("ckpt-*.json"))
+    assert json.loads(sidecar.read_text())["reason"] == "interrupt"
 
 
 # The magic's wrapper ----------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 
 from helpers import REPO
 from jupyter_traincontrol.notebook.panel_text import number_text
+from jupyter_traincontrol.protocol import resume_hint
 from jupyter_traincontrol.protocol.record import FIELDS
 
 API_TS = REPO / "labextension" / "src" / "api.ts"
@@ -71,3 +72,30 @@ def test_both_panels_write_numbers_alike():
     notebook_panel = [number_text(value) for value in NUMBERS]
     assert side_panel == notebook_panel
     assert notebook_panel[:2] == ["3e-4", "0.001"]
+
+
+ENDED_RECORDS = [
+    {"name": "mnist", "origin": "notebook", "end_reason": "process-gone",
+     "checkpoints": ["/home/u/ckpt/mnist/ckpt-000001-epoch0001-step000010.keras",
+                     "/home/u/ckpt/mnist/ckpt-000004-epoch0009-step000003.keras"]},
+    {"name": "agent", "origin": "train.py", "end_reason": "process-gone", "checkpoints": ["ck/ckpt-000002-epoch0002-step000001.pt"]},
+    {"name": "none", "origin": "notebook", "end_reason": "process-gone", "checkpoints": []},
+    {"name": "done", "origin": "notebook", "end_reason": "finished", "checkpoints": ["ck/ckpt-000001-epoch0003-step000000.keras"]},
+]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is missing (it builds the JupyterLab extension)")
+def test_the_side_panel_and_the_cli_say_alike_how_to_continue_a_run_whose_process_died():
+    if not FORMAT_JS.exists():
+        pytest.fail(f"{FORMAT_JS} is not built: run `npm run build` in labextension/ (pip install does)")
+    module = base64.b64encode(FORMAT_JS.read_bytes()).decode()
+    script = (
+        f"const {{ resumeHint }} = await import('data:text/javascript;base64,{module}');"
+        f"console.log(JSON.stringify({json.dumps(ENDED_RECORDS)}.map(resumeHint)));"
+    )
+    result = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [resume_hint(record) for record in ENDED_RECORDS]
+    assert resume_hint(ENDED_RECORDS[0]) == ("Its newest checkpoint is ckpt-000004-epoch0009-step000003.keras: continue "
+                                             "from it with %%interruptible_fit --name mnist --resume.")
+    assert resume_hint(ENDED_RECORDS[2]) == resume_hint(ENDED_RECORDS[3]) == ""

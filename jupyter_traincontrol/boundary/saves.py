@@ -113,6 +113,7 @@ class SaveScheduler:
         self._progress = progress
         self._resume_state = resume_state or (lambda _position: None)
         self._taken_at: int | None = None  # the boundary of the last checkpoint taken
+        self._taken_auto = False  # and whether it is an autosave
         self._last_outcome: Outcome | None = None  # and its outcome, once written
         self._say = say
         self._writer = CheckpointWriter(self.store, run.name or "run", on_idle=self._writer_idle)
@@ -136,7 +137,8 @@ class SaveScheduler:
     def request(self, request: Request) -> None:
         """Takes a ``save``; it is acknowledged when its checkpoint is committed."""
         with self._lock:
-            if self._taken_at is not None and self._taken_at == self._progress.boundary:
+            # merged with a checkpoint of this boundary, unless that is an autosave (kept apart from `keep`)
+            if self._taken_at is not None and self._taken_at == self._progress.boundary and not self._taken_auto:
                 if self._last_outcome is None:  # being written: answered with it
                     self._in_flight.append(request)
                     return
@@ -199,7 +201,7 @@ class SaveScheduler:
         if not requests and not autosave:
             return
         reason = "save" if requests else AUTOSAVE_REASON
-        self._taken_at, self._last_outcome = self._progress.boundary, None
+        self._taken_at, self._taken_auto, self._last_outcome = self._progress.boundary, not requests, None
         terms = self._terms()
         if terms.refused is not None or not self.background:
             self._last_outcome = self._refused(reason, terms) or self._write_here(self._position(), reason, terms)
@@ -225,7 +227,7 @@ class SaveScheduler:
         self._writer.wait()
         with self._lock:
             requests, self._waiting, self.due, self._autosave_due = self._waiting, [], False, False
-        self._taken_at, self._last_outcome = self._progress.boundary, None
+        self._taken_at, self._taken_auto, self._last_outcome = self._progress.boundary, False, None
         terms = self._terms()
         outcome = self._last_outcome = self._refused(reason, terms) or self._write_here(self._position(), reason, terms)
         self._answer(requests, *outcome)

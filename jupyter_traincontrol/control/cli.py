@@ -16,7 +16,9 @@ this optimizer refuses, a ``rollback`` to a checkpoint it does not have);
 still ``starting``, whose code has not called ``fit`` yet, is said to be).
 
 ``list --all`` also shows the ended runs of the last 7 days (at most 50, 5 of one name),
-with how each ended (``end_reason``), after kernel and server restarts too.
+with how each ended (``end_reason``), after kernel and server restarts too;
+for a run whose process died (killed, a kernel that died), it says its
+newest checkpoint and how to continue from it (``--resume``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from ..protocol import COMMAND_HELP, COMMAND_NAMES, UnknownCommandError
+from ..protocol import COMMAND_HELP, COMMAND_NAMES, UnknownCommandError, resume_hint
 from ..registry import RunNotFoundError, list_runs
 from ..system.private_fs import UnsafePathError
 from ..transport.send import ChannelError, NotListeningError
@@ -70,8 +72,9 @@ def _learning_rate(tunables: Any) -> str:
 
 
 def _state(record: dict[str, Any]) -> str:
-    """The state, with a job's process count and the process it lost."""
-    state = str(record.get("state"))
+    """The state, with a job's process count and the process it lost
+    (``gone`` for a run whose process died before it ended)."""
+    state = "gone" if record.get("end_reason") == "process-gone" else str(record.get("state"))
     count, lost = record.get("num_processes"), record.get("lost_process")
     if isinstance(lost, int):
         return f"{state} (process {lost} of {count} lost)"
@@ -126,6 +129,9 @@ def _command_list(args: argparse.Namespace) -> int:
         print(json.dumps([public_record(record) for record in records], indent=1, sort_keys=True))
     elif records:
         print(format_table(records, ended=args.all))
+        for record in records:  # a run whose process died: where it can go on from
+            if hint := resume_hint(record):
+                print(f"{record.get('name')}: its process is gone. {hint}")
     else:
         print("No training runs are listed." if not args.all else "No training runs are listed, and none ended lately.")
     return 0

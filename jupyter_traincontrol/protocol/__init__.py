@@ -13,7 +13,7 @@ Every other layer builds on this one; it imports nothing of the package.
 from .commands import (COMMAND_HELP, COMMAND_NAMES, MAX_ROLLBACK_DEPTH, TUNABLE_ALIASES, Command, Request,
                        UnknownCommandError, WAITED_ID_MARK, assignments, is_waited_id, parse_command, parse_request,
                        rollback_depth, shorten, validate_tunable_name)
-from .endings import END_REASONS, end_reason, is_interrupt, sender_words
+from .endings import END_REASONS, end_reason, is_interrupt, resume_hint, sender_words
 from .framing import MAX_LINE_BYTES, LineDecoder, Rejected
 from .states import (ACTIVE_STATES, FINAL_STATES, TRANSITIONS, InvalidTransitionError, RunState, allowed_commands,
                      as_state, final_state)
@@ -22,6 +22,6 @@ __all__ = [
     "ACTIVE_STATES", "COMMAND_HELP", "COMMAND_NAMES", "Command", "END_REASONS", "FINAL_STATES",
     "InvalidTransitionError", "LineDecoder", "MAX_LINE_BYTES", "MAX_ROLLBACK_DEPTH", "Rejected", "Request",
     "RunState", "TRANSITIONS", "TUNABLE_ALIASES", "UnknownCommandError", "WAITED_ID_MARK", "allowed_commands",
-    "as_state", "assignments", "end_reason", "is_interrupt", "final_state", "is_waited_id", "parse_command", "parse_request",
+    "as_state", "assignments", "end_reason", "is_interrupt", "resume_hint", "final_state", "is_waited_id", "parse_command", "parse_request",
     "rollback_depth", "sender_words", "shorten", "validate_tunable_name",
 ]

@@ -7,7 +7,9 @@ in the record's ``acks``, where ``send --wait`` looks for it.
 
 `END_REASONS` are the values of a record's ``end_reason``: how a run that
 has ended came to end. `end_reason` says it from the final state and the
-request that ended the run, if one did.
+request that ended the run, if one did. `resume_hint` says how to go on
+from a run whose process died (the CLI, and the side panel's
+``resumeHint``, word for word).
 
 Example:
 
@@ -19,13 +21,13 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["END_REASONS", "SENDERS", "sender_of", "sender_words", "end_reason", "is_interrupt"]
+__all__ = ["END_REASONS", "SENDERS", "sender_of", "sender_words", "end_reason", "is_interrupt", "resume_hint"]
 
 #: How a run ended, as a record's ``end_reason`` says it.
 END_REASONS = {
     "finished": "fit (or a TrainLoop) ran to its end",
     "command": "a stop or abort command (which one: the state)",
-    "interrupt": "a kernel interrupt, Ctrl+C, or a SIGTERM of a job's process",
+    "interrupt": "a kernel interrupt, Ctrl+C, or SIGTERM (a script's or a job process's)",
     "kernel-restart": "a kernel shutdown or restart stopped it",
     "error": "it failed (the record's error says why)",
     "nan": "a loss that was not finite stopped it (on_nan)",
@@ -101,3 +103,22 @@ def end_reason(state: str, request_id: str | None = None, *, nan: bool = False) 
     if word == "shutdown":
         return "kernel-restart"
     return "command"
+
+
+def resume_hint(record: dict) -> str:
+    """How to continue a run whose process died (``end_reason``
+    ``process-gone``: killed for memory, a crash) from its newest
+    checkpoint; '' for any other run, or one that left no checkpoint.
+
+    Args:
+        record: The run's record (``name``, ``origin``, ``end_reason``,
+            ``checkpoints``).
+    """
+    checkpoints = record.get("checkpoints") or []
+    if record.get("end_reason") != "process-gone" or not checkpoints:
+        return ""
+    newest = str(checkpoints[-1]).replace("\\", "/").rsplit("/", 1)[-1]
+    name = record.get("name")
+    how = (f"%%interruptible_fit --name {name} --resume" if record.get("origin") == "notebook"
+           else f"resume=True (run {name})")
+    return f"Its newest checkpoint is {newest}: continue from it with {how}."

@@ -9,7 +9,11 @@ All three are bounded, and so is the record they make (`as_record`): an
 entry that merges a burst of identical answers shows its ``count``, every
 id whose sender waits for it (``send --wait``: `protocol.is_waited_id`)
 and the newest `ACK_IDS_PUBLISHED` others; `version` changes with every entry, so the run's
-publisher knows when to write the record again.
+publisher knows when to write the record again. An entry a sender waits for
+outlives the `ACKS_KEPT` newest: pushed out of them by a burst of other
+answers, it is kept apart for `WAITED_ACKS_SECONDS` (at most
+`WAITED_ACKS_KEPT` such entries), so ``send --wait`` finds its answer
+whatever else was answered at the same boundary.
 
 Example:
 
@@ -29,7 +33,7 @@ from typing import Any, Callable
 from ..protocol import Request, is_waited_id
 
 __all__ = ["Journal", "RunEvent", "Listener", "EVENTS_KEPT", "ACKS_KEPT", "CHANGES_KEPT", "ACK_IDS_KEPT",
-           "ACK_IDS_PUBLISHED"]
+           "ACK_IDS_PUBLISHED", "WAITED_ACKS_KEPT", "WAITED_ACKS_SECONDS"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
@@ -40,6 +44,10 @@ CHANGES_KEPT = 50
 ACK_IDS_KEPT = 4096
 #: Ids of senders that do not wait, shown per entry in the record (the newest).
 ACK_IDS_PUBLISHED = 16
+#: Entries with a waited id pushed out of the newest `ACKS_KEPT`: how many are
+#: kept apart, and for how long (longer than any sender waits in practice).
+WAITED_ACKS_KEPT = 200
+WAITED_ACKS_SECONDS = 600.0
 
 #: Called with each event, and with None when progress changed (panels).
 Listener = Callable[[Any, "RunEvent | None"], None]
@@ -67,6 +75,8 @@ class Journal:
         self._lock = threading.RLock()  # the checkpoint writer's thread acknowledges saves too
         self.events: collections.deque[RunEvent] = collections.deque(maxlen=EVENTS_KEPT)
         self.acks: collections.deque[dict[str, Any]] = collections.deque(maxlen=ACKS_KEPT)
+        #: Entries with waited ids that newer answers pushed out of `acks`, oldest first.
+        self.waited_acks: collections.deque[dict[str, Any]] = collections.deque(maxlen=WAITED_ACKS_KEPT)
         self.changes: list[dict[str, Any]] = []
         self._listeners: list[Listener] = []
         self.version = 0
@@ -117,7 +127,10 @@ class Journal:
             else:
                 last = {"ids": [request_id], "count": 1, "command": str(request), "outcome": outcome,
                         "message": message, "time": time.time(), "waited": []}
+                if len(self.acks) == self.acks.maxlen and self.acks[0]["waited"]:
+                    self.waited_acks.append(self.acks[0])  # its sender may not have read it yet
                 self.acks.append(last)
+                self._forget_old_waited(last["time"])
             if is_waited_id(request_id):
                 waited = last["waited"]  # kept apart: the record shows them all
                 waited.append(request_id)
@@ -131,10 +144,14 @@ class Journal:
             self.changes = [*self.changes, change][-CHANGES_KEPT:]
             self.version += 1
 
+    def _forget_old_waited(self, now: float) -> None:
+        while self.waited_acks and now - self.waited_acks[0]["time"] > WAITED_ACKS_SECONDS:
+            self.waited_acks.popleft()
+
     def acks_of(self, request_id: str) -> dict[str, Any] | None:
         """The acknowledgement of `request_id`, or None (yet)."""
         with self._lock:
-            for ack in self.acks:
+            for ack in (*self.waited_acks, *self.acks):
                 if request_id in ack["ids"] or request_id in ack["waited"]:
                     return _shown(ack, list(ack["ids"]))
             return None
@@ -144,7 +161,8 @@ class Journal:
         with self._lock:
             return {
                 "events": list(self.events)[-20:],
-                "acks": [_shown(ack, _published_ids(ack["ids"], ack["waited"])) for ack in self.acks],
+                "acks": [*(_shown(ack, list(ack["waited"])) for ack in self.waited_acks),
+                         *(_shown(ack, _published_ids(ack["ids"], ack["waited"])) for ack in self.acks)],
                 "changes": [dict(change) for change in self.changes],
             }
 

@@ -14,6 +14,7 @@ import {
   metricsText,
   NBSP,
   outcomeText,
+  resumeHint,
   whereEnded,
   whereText
 } from './format';
@@ -189,6 +190,10 @@ export class RunCard {
       box.title = `ended ${new Date(run.ended * 1000).toLocaleString()}`;
     }
     box.appendChild(text('div', 'jp-TrainControl-progressText', words.join(' · ')));
+    const hint = resumeHint(run);
+    if (hint) {
+      box.appendChild(text('div', 'jp-TrainControl-resumeHint', hint));
+    }
     return box;
   }
 

@@ -167,6 +167,24 @@ export function outcomeText(run: IRun): string {
   return state;
 }
 
+/**
+ * How to continue a run whose process died (`process-gone`) from its newest
+ * checkpoint; '' for any other run, or one that left none. The CLI's
+ * `list --all` says the same (`protocol.endings.resume_hint`).
+ */
+export function resumeHint(run: IRun): string {
+  const checkpoints = run.checkpoints ?? [];
+  if (run.end_reason !== 'process-gone' || checkpoints.length === 0) {
+    return '';
+  }
+  const newest = baseName(checkpoints[checkpoints.length - 1]);
+  const how =
+    run.origin === 'notebook'
+      ? `%%interruptible_fit --name ${run.name} --resume`
+      : `resume=True (run ${run.name})`;
+  return `Its newest checkpoint is ${newest}: continue from it with ${how}.`;
+}
+
 /** Where an ended run ended: `epoch 7/30 · batch 12/26`, or '' before its first batch. */
 export function whereEnded(run: IRun): string {
   if (!run.epoch) {
