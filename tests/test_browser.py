@@ -214,6 +214,8 @@ def test_notebook_panel_buttons_act_at_once_while_the_kernel_is_busy(jupyter, pa
     seconds = timed(lambda: record_of("nb-busy").get("checkpoints"), 30, "the checkpoint of Save")
     print(f"save while busy: checkpoint listed after {seconds:.2f} s")
     assert_kernel_still_busy(page)
+    (save,) = [ack for ack in record_of("nb-busy")["acks"] if ack["command"] == "save"]
+    assert save["ids"][0].startswith("nbpanel-"), save  # the log says "by the notebook panel", not the side panel
 
     panel.locator("button.traincontrol-command-pause").click()
     seconds = timed(lambda: record_of("nb-busy").get("state") == "paused", 30, "paused")

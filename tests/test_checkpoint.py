@@ -196,3 +196,12 @@ print(latest.sequence, len(store.list()))
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[0]) >= 1
+
+
+def test_a_resume_says_how_many_items_it_skips_in_words():
+    from jupyter_traincontrol.checkpoint import skipping_words
+
+    assert skipping_words(0, "batch") == ""
+    assert skipping_words(1, "batch") == ", skipping its first batch (already trained)"  # was "first 1 batches"
+    assert skipping_words(4, "batch") == ", skipping its first 4 batches (already trained)"
+    assert skipping_words(2, "item") == ", skipping its first 2 items (already trained)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -79,6 +80,10 @@ def test_send_delivers_through_the_fifo(live_run, capsys):
     [
         (["send", "alpha", "frobnicate"], 2, "Unknown command 'frobnicate'. Expected one of: stop, save, abort, pause, resume, set, rollback."),
         (["send", "nobody", "stop"], 3, "No run named 'nobody'. Runs listed: alpha."),
+        (["send", "save"], 2, "send save: the run's name is missing; expected `jupyter-traincontrol send NAME save` "
+                              "(`jupyter-traincontrol list` shows the names)."),
+        (["send", "alpha"], 2, "send alpha: the command is missing; expected one of: stop, save, abort, pause, "
+                               "resume, set, rollback."),
     ],
 )
 def test_send_errors_are_one_line_with_distinct_exit_codes(live_run, capsys, argv, code, message):
@@ -262,6 +267,17 @@ def test_list_all_keeps_ended_runs_with_how_they_ended_after_their_process_is_go
                         "resume=True (run killed)."]
     sent = cli("send", "done", "stop")  # an ended run takes no commands, and the error says how it ended
     assert sent.returncode == 3 and "The last run named 'done' has ended (state finished, end reason finished)" in sent.stderr
+
+
+def test_an_ended_run_is_gone_only_once_its_process_is():
+    """``list --all``: an ended run of a kernel that lives on is not "gone"."""
+    from jupyter_traincontrol.control.cli import format_table
+
+    ended = {"name": "kept", "state": "finished", "end_reason": "finished", "live": False, "origin": "notebook"}
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    rows = format_table([{**ended, "pid": os.getpid()}, {**ended, "pid": int(dead.stdout)}], ended=True).splitlines()
+    assert rows[1].endswith(f"notebook (pid {os.getpid()})")
+    assert rows[2].endswith(f"notebook (pid {int(dead.stdout)}, gone)")
 
 
 def test_send_wait_finds_its_answer_after_many_other_answers_at_one_boundary(live_run):

@@ -244,6 +244,7 @@ def test_what_the_training_thread_prints_shows_in_the_panel(kernel):
         ("--bogus", "unrecognized arguments"),
         ('--name "unbalanced', "No closing quotation"),
         ("--keep many", "invalid int value"),
+        ("--autosave -1", "--autosave takes seconds, 0 to turn it off; got -1.0"),
     ],
 )
 def test_wrong_options_are_usage_errors(kernel, line, message):
@@ -376,6 +377,29 @@ def test_sync_saves_by_option_or_config_saves_on_the_training_thread(kernel):
         assert kernel.value(f"({RUN}.name, {background})") == [name, name == "bg"]
     help_text = " ".join(kernel.value("get_ipython().magics_manager.magics['cell']['interruptible_fit'].__doc__").split())
     assert "--sync-saves" in help_text and "without a host copy of the variables" in help_text
+
+
+def test_autosave_by_option_or_config(kernel):
+    """``--autosave SECONDS`` and the ``autosave`` trait: a checkpoint of
+    reason autosave after that much training; 0 turns it off."""
+    cell = "%%interruptible_fit --name {name} {options}\nmodel.fit(x, y, epochs=10_000, verbose=0, callbacks=[Slow()])\n"
+    kernel.execute("import time\nclass Slow(keras.callbacks.Callback):\n"
+                   "    def on_train_batch_end(self, batch, logs=None):\n        time.sleep(0.01)\n")
+    for name, options, config in [("opt", "--autosave 1", None), ("cfg", "", "1.5"), ("off", "--autosave 0", None)]:
+        if config is not None:
+            kernel.execute(f"%config TrainControlMagics.autosave = {config}")
+        assert kernel.execute(cell.format(name=name, options=options)).status == "ok"
+        kernel.wait_for(f"{RUN}.state == 'running'", timeout=30)
+        autosaves = f"sum(e['kind'] == 'checkpoint' and e['message'].startswith('autosave:') for e in {RUN}.lifecycle.journal.events)"
+        if name == "off":
+            time.sleep(3)  # the scenario: longer than the intervals above
+            assert kernel.value(autosaves) == 0
+        else:
+            kernel.wait_for(f"{autosaves} >= 1", timeout=60)
+        kernel.execute(f"{RUN}.stop()")
+        kernel.wait_for(f"{RUN}.state == 'stopped'", timeout=30)
+    help_text = " ".join(kernel.value("get_ipython().magics_manager.magics['cell']['interruptible_fit'].__doc__").split())
+    assert "--autosave SECONDS" in help_text
 
 
 def test_loads_from_the_kernel_config_too(tmp_path, runtime_dir):

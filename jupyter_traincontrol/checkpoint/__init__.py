@@ -26,6 +26,7 @@ from .records import (
     Restored,
     SkippedCheckpoint,
     TrainingPosition,
+    skipping_words,
 )
 from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, build_sidecar, parse_sidecar, read_sidecar
 from .store import CheckpointStore
@@ -54,4 +55,5 @@ __all__ = [
     "build_sidecar",
     "parse_sidecar",
     "read_sidecar",
+    "skipping_words",
 ]

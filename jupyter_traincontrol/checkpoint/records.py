@@ -18,6 +18,7 @@ __all__ = [
     "Restored",
     "SkippedCheckpoint",
     "TrainingPosition",
+    "skipping_words",
 ]
 
 #: The run name of a store given none.
@@ -146,3 +147,18 @@ class Restored:
 
     checkpoint: Checkpoint | None
     skipped: list[SkippedCheckpoint]
+
+
+def skipping_words(count: int, unit: str) -> str:
+    """What a resume says of the items of its epoch it draws without training:
+    ``, skipping its first 3 batches (already trained)``; '' for none.
+
+    Args:
+        count: How many.
+        unit: ``batch`` or ``item``.
+    """
+    if not count:
+        return ""
+    what = unit if count == 1 else (f"{unit}es" if unit.endswith("ch") else f"{unit}s")
+    first = f"first {what}" if count == 1 else f"first {count} {what}"
+    return f", skipping its {first} (already trained)"

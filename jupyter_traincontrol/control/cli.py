@@ -34,6 +34,7 @@ from typing import Any, Sequence
 from ..protocol import COMMAND_HELP, COMMAND_NAMES, UnknownCommandError, resume_hint
 from ..registry import RunNotFoundError, list_runs
 from ..system.private_fs import UnsafePathError
+from ..system.processes import pid_gone
 from ..transport.send import ChannelError, NotListeningError
 from .client import CommandFailedError, public_record, send, wait_for_ack
 
@@ -91,8 +92,11 @@ def _ended(record: dict[str, Any], now: float) -> str:
 
 
 def _where(record: dict[str, Any]) -> str:
-    gone = "" if record.get("live", True) else ", gone"
-    return f"{record.get('origin') or '-'} (pid {record.get('pid')}{gone})"
+    """Where the run lives or lived: ``train.py (pid 4711)``, with ``, gone``
+    once its process is (an ended run of a kernel that lives on is not)."""
+    pid = record.get("pid")
+    gone = not record.get("live", True) and (not isinstance(pid, int) or pid <= 0 or pid_gone(pid))
+    return f"{record.get('origin') or '-'} (pid {pid}{', gone' if gone else ''})"
 
 
 def format_table(records: Sequence[dict[str, Any]], now: float | None = None, *, ended: bool = False) -> str:
@@ -138,6 +142,12 @@ def _command_list(args: argparse.Namespace) -> int:
 
 
 def _command_send(args: argparse.Namespace) -> int:
+    if not args.command:  # one word given: a command whose run's name was forgotten, or a name alone
+        if args.name.strip().lower() in COMMAND_NAMES:
+            return _fail(f"send {args.name}: the run's name is missing; expected `jupyter-traincontrol send NAME "
+                         f"{args.name}` (`jupyter-traincontrol list` shows the names).", EXIT_USAGE)
+        return _fail(f"send {args.name}: the command is missing; expected one of: {', '.join(COMMAND_NAMES)}.",
+                     EXIT_USAGE)
     try:
         request = send(args.name, " ".join(args.command), sender="cli", waited=args.wait is not None)
     except UnknownCommandError as error:
@@ -225,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     send_parser.add_argument("name", help="the run's name, as `list` shows it")
     send_parser.add_argument(
-        "command", nargs="+", metavar="command",
+        "command", nargs="*", metavar="command",
         help=f"one of: {', '.join(COMMAND_NAMES)}, with its arguments (set lr=1e-4, rollback 2)",
     )
     send_parser.add_argument(

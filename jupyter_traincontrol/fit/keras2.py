@@ -41,7 +41,7 @@ from typing import Callable
 
 import keras
 
-from ..checkpoint import Checkpoint, CheckpointStore, SkippedCheckpoint
+from ..checkpoint import Checkpoint, CheckpointStore, SkippedCheckpoint, skipping_words
 from ..state import Keras2State
 from .resume.batch_skipper import BatchSkipper
 from .resume.resumption import nothing_loaded
@@ -88,10 +88,10 @@ def _overrides(callback, hooks: tuple[str, ...]) -> bool:
     return any(getattr(type(callback), hook, None) is not getattr(base, hook, None) for hook in hooks)
 
 
-def announce(journal, say: Callable[[str], None]) -> None:
-    """Says `NOTICE` once: a warning in the run's log, and the verbose line."""
+def announce(journal) -> None:
+    """Says `NOTICE` once: a warning in the run's log, which reaches stderr
+    through `logging` (a verbose line too would print it twice)."""
     journal.log("warning", NOTICE)
-    say(NOTICE)
 
 
 class _StartAt:
@@ -186,7 +186,7 @@ def resume_from_latest(model, store: CheckpointStore, on_skip: Callable[[Skipped
     skipped = ""
     if position.resume_step:
         resumption.skip(position.resume_step, latest.info.get("metrics") or {}, on_skipped)
-        skipped = f", skipping its first {position.resume_step} batches (already trained)"
+        skipped = skipping_words(position.resume_step, "batch")
     elif on_skipped is not None:
         on_skipped()
     resumption.message = (

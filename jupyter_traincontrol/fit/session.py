@@ -4,13 +4,14 @@
 listening), the counters of the fit, the commands' actions, saves and
 steering, the NaN policy, the job (several processes), the data-order
 counts and the resume, the safeguards (Ctrl+C, SIGTERM, autosave), the
-watchdog that notices a `fit` that raised. Each part is pushed on one `contextlib.ExitStack` as it opens,
-so `close` unwinds them in reverse, once, whatever thread ends the fit (the
-training thread at train end, the watchdog's tick on the run's thread when `fit`
-raised, a job's watcher when a process was lost, or exit). At train end
-(`train_ended`), a `fit` that ran to its end first writes its last
-checkpoint (reason ``end``), and the run is closed saying how it ended; a
-SIGTERM that stopped the `fit` is handed on once `fit` has returned.
+watchdog that notices a `fit` that raised. Each part is pushed on one
+`contextlib.ExitStack` as it opens, so `close` unwinds them in reverse,
+once, whatever thread ends the fit (the training thread at train end, the
+watchdog's tick on the run's thread when `fit` raised, a job's watcher when
+a process was lost, or exit). At train end (`train_ended`), a `fit` that
+ran to its end first writes its last checkpoint (reason ``end``), and the
+run is closed saying how it ended; a SIGTERM that stopped the `fit` is
+handed on once `fit` has returned.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class FitSession:
         try:
             self._open_run()
             if self.keras2:  # what it cannot do, said before anything else of this fit
-                keras2.announce(self.run.journal, self.say)
+                keras2.announce(self.run.journal)
             self._open_parts()
         except BaseException as error:
             self.close(RunState.FAILED, f"Could not start: {error}")

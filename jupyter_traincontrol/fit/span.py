@@ -109,17 +109,15 @@ class FitSpan:
 
     def _guard_sigterm(self) -> None:
         """SIGTERM stops the block's run (main thread only; not in a kernel)."""
-        callback = self._callback
-        run = callback.lifecycle
+        run = self._callback.lifecycle
 
-        def stop() -> None:
-            callback.note_interrupt()
+        def stop() -> None:  # in the signal handler: one line on the run's channel (an interrupt's stop)
             try:
                 run.send(Command.STOP, sender="sigterm")
             except Exception:  # the run ended meanwhile
                 pass
 
-        sigterm = SigtermStop(stop, callback.sigterm_grace)
+        sigterm = SigtermStop(stop, self._callback.sigterm_grace)
         if sigterm.install():
             self._sigterm = sigterm
             run.publisher.add_tick_hook(sigterm.check_grace)

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from ..protocol import FINAL_STATES, RunState
 from ..registry import release_all
 from ..system.frames import any_thread_in, on_stack
+from ..system.processes import pid_gone
 
 __all__ = ["Heartbeat", "Peers", "exit_when_stuck", "this_process", "EXIT_CODE"]
 
@@ -134,7 +135,7 @@ class Peers:
         pid = seen.get("pid")
         if not isinstance(pid, int) or seen.get("host") != here["host"] or seen.get("pidns") != here["pidns"]:
             return False
-        return _pid_gone(pid)
+        return pid_gone(pid)
 
 
 class Heartbeat:
@@ -166,20 +167,6 @@ class Heartbeat:
         for key, value in self.kv.entries(self.kv.key("beat") + "/"):
             beats[int(key.rsplit("/", 1)[1])] = json.loads(value)
         self.peers.update(beats, now)
-
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:  # a killed child its parent has not reaped yet still answers kill()
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def exit_when_stuck(message: str, grace: float, fit_thread_id: int, fit_frame) -> None:

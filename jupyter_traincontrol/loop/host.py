@@ -29,6 +29,7 @@ class LoopHost(Protocol):
         save_in_background: False for ``--sync-saves``.
         save_at_end: False for ``--no-save-at-end``.
         resume_from: The magic's ``--resume-from``, or None.
+        autosave: The magic's ``--autosave`` (None: off).
     """
 
     lifecycle: Any
@@ -36,6 +37,7 @@ class LoopHost(Protocol):
     save_in_background: bool
     save_at_end: bool
     resume_from: str | None
+    autosave: float | None
 
     def take_resume(self) -> bool:
         """True if this driver resumes (only the first of a cell does)."""

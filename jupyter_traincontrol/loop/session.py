@@ -22,7 +22,7 @@ from ..boundary.progress import TrainingProgress
 from ..boundary.safeguards import Safeguards
 from ..boundary.saves import SaveScheduler
 from ..boundary.steering import Steering
-from ..checkpoint import Checkpoint, SkippedCheckpoint, TrainingPosition
+from ..checkpoint import Checkpoint, SkippedCheckpoint, TrainingPosition, skipping_words
 from ..protocol import Command, RunState, end_reason
 from ..run.voice import say
 from ..state import random_state
@@ -133,7 +133,7 @@ class LoopSession:
             self.progress.epoch, self.skip = position.resume_epoch, position.resume_step
             self.global_step = position.global_step or 0
             self.progress.global_step = self.trained.step()
-            skipping = f", skipping its first {self.skip} items (already trained)" if self.skip else ""
+            skipping = skipping_words(self.skip, "item")
             message = (f"Resumed from {checkpoint.path}: epoch {position.resume_epoch + 1}{skipping}; "
                        f"step {self.progress.global_step}")
         run.journal.log("info", message)

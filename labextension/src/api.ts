@@ -222,18 +222,23 @@ export async function fetchRuns(): Promise<IRun[]> {
   }
 }
 
+/** Who sends a command through the server: the run's log names it. */
+export type Sender = 'side-panel' | 'notebook-panel';
+
 /**
  * Sends a command to the run called `name`; resolves once delivered.
  *
  * @param command - A command word, or a whole command line with its
  *   arguments (`set lr=1e-4`, `rollback 2`).
+ * @param sender - Which panel's button sent it (the side panel by default).
  */
 export function sendCommand(
   name: string,
-  command: Command | string
+  command: Command | string,
+  sender: Sender = 'side-panel'
 ): Promise<{ message: string }> {
   return requestAPI<{ message: string }>(
     `runs/${encodeURIComponent(name)}/commands`,
-    { method: 'POST', body: JSON.stringify({ command }) }
+    { method: 'POST', body: JSON.stringify({ command, sender }) }
   );
 }

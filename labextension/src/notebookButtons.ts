@@ -166,7 +166,7 @@ export class NotebookPanelButtons {
     }
     input.classList.add('traincontrol-sending');
     try {
-      await sendCommand(name, `set lr=${value}`);
+      await sendCommand(name, `set lr=${value}`, 'notebook-panel');
       input.classList.add('traincontrol-sent');
       window.setTimeout(() => input.classList.remove('traincontrol-sent'), 1200);
       void this.model.refresh();
@@ -184,7 +184,7 @@ export class NotebookPanelButtons {
   private async _send(panel: Element, button: HTMLButtonElement, name: string, command: Command): Promise<void> {
     button.classList.add('traincontrol-sending');
     try {
-      await sendCommand(name, command);
+      await sendCommand(name, command, 'notebook-panel');
       this._fellBack.delete(name);
       button.classList.add('traincontrol-sent');
       window.setTimeout(() => button.classList.remove('traincontrol-sent'), 1200);

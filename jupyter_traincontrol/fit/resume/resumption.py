@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...checkpoint import Checkpoint, CheckpointError, CheckpointStore, SkippedCheckpoint
+from ...checkpoint import Checkpoint, CheckpointError, CheckpointStore, SkippedCheckpoint, skipping_words
 from ...state import KerasState, optimizer_step
 from ...state import random_state
 from .batch_skipper import BatchSkipper, can_skip_batches
@@ -180,7 +180,7 @@ def _continue_at(model, latest: Checkpoint, folder_name: str, data_order: DataOr
             resumption._skipper = BatchSkipper(model, position.resume_step, latest.info.get("metrics", {}), backend,
                                                on_done=all_drawn)
             resumption._skipper.install()
-            skipped = f", skipping its first {position.resume_step} batches (already trained)"
+            skipped = skipping_words(position.resume_step, "batch")
         else:
             skipped = f"; backend {backend!r} repeats its first {position.resume_step} batches"
     saved = latest.info.get("resume_state")
