@@ -47,7 +47,7 @@ lab: $(STAMP) | $(DEMO_STAMP)
 ## test: the architecture's import contracts (lint-imports), the whole test
 ## suite on TensorFlow, then the core tests (callback,
 ## commands, resume, checkpoints, the script driven by the CLI, Ctrl+C, the
-## fault cases with a fit) and the notebook's main scenarios (a real kernel)
+## fault cases with a fit, SIGTERM and autosave) and the notebook's main scenarios (a real kernel)
 ## again on JAX and on torch, and the Keras 2 tests (tf_keras: its fit, a
 ## script, a kernel) once, with TF_USE_LEGACY_KERAS=1 as Keras 2 users run
 ## it (what CI runs)
@@ -58,7 +58,7 @@ PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=10
 BACKEND_TESTS ?= tests/test_callback.py tests/test_cli.py tests/test_checkpoint.py tests/test_faults.py \
                  tests/test_steering.py tests/test_background_saves.py tests/test_exact_resume.py \
-                 tests/test_backends.py tests/test_notebook_backends.py tests/test_span.py
+                 tests/test_backends.py tests/test_notebook_backends.py tests/test_span.py tests/test_never_lose.py
 KERAS2_TESTS ?= tests/test_keras2.py
 test: $(STAMP) wheel
 	$(BIN)/lint-imports --no-cache

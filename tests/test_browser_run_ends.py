@@ -188,6 +188,9 @@ def test_a_kernel_killed_for_memory_leaves_its_run_lost_with_an_autosave_and_how
         card = scope.locator('.jp-TrainControl-run[data-run="nb-busy"]')
         card.locator(".jp-TrainControl-outcomeText", has_text="Lost: its process ended").wait_for(timeout=60_000)
         assert words(card.locator(".jp-TrainControl-resumeHint")) == hint
+    notice = page.locator(".jp-Dialog .jp-mod-accept")  # JupyterLab's "the kernel appears to have died"
+    if notice.is_visible():
+        notice.click()
     for width in (1400, 600):
         page.set_viewport_size({"width": width, "height": 900})
         place_of(page, 1, "nb-busy").scroll_into_view_if_needed()
