@@ -52,6 +52,32 @@ def test_interrupting_an_idle_kernel_stops_the_run_with_an_exact_checkpoint(kern
     assert kernel.value("'ok'") == "ok"
 
 
+BETWEEN_FITS_CELL = """%%interruptible_fit --name {name} {options}
+model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+time.sleep(4)  # between the two fits
+history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+after = "the cell went on"
+"""
+
+
+@pytest.mark.parametrize("options, state, fits", [("", "stopped", 1), ("--on-interrupt save", "finished", 2)])
+def test_an_interrupt_between_two_fits_acts_on_the_cells_run(kernel, options, state, fits):
+    """The cell's first fit has ended, its second not begun: an interrupt
+    stops the run (the cell goes on, its later fit trains nothing) or, with
+    --on-interrupt save, saves as the next fit begins; never a
+    KeyboardInterrupt that fails the run."""
+    kernel.execute("import time")
+    assert kernel.execute(BETWEEN_FITS_CELL.format(name="between", options=options)).status == "ok"
+    kernel.wait_for(f"{RUN}.fit_calls == 1 and not {RUN}.drivers.driving", timeout=60)
+    kernel.interrupt()
+    kernel.wait_for(f"{RUN}.state in ('stopped', 'finished', 'failed')", timeout=60)
+    assert kernel.value(f"({RUN}.state, {RUN}.lifecycle.end_reason)") == [state, "interrupt" if fits == 1 else "finished"]
+    assert kernel.value(f"{RUN}.fit_calls") == fits
+    assert kernel.value("after") == "the cell went on"
+    reasons = [read_sidecar(path)["reason"] for path in kernel.value(f"[str(p) for p in {RUN}.checkpoints]")]
+    assert reasons == (["end"] if fits == 1 else ["end", "save", "end"]), reasons
+
+
 def test_interrupt_during_a_busy_cell_interrupts_that_cell_and_stops_the_run(kernel):
     start_fit(kernel, "busy")
     msg_id = kernel.start_busy_cell()

@@ -29,6 +29,7 @@ from ..fit import watchdog
 from ..loop.host import hosting
 from ..protocol import ACTIVE_STATES, FINAL_STATES, Command, Request, RunState, final_state, parse_command
 from ..run import RunLifecycle
+from ..transport.send import with_id
 from .drivers import CellDrivers
 from .fit_hook import FitInterceptor, intercept_fit
 from .output import OutputBuffer, route_thread_output
@@ -328,12 +329,14 @@ class TrainingRun(FitInterceptor):
         previous, self._last_interrupt = self._last_interrupt, now
         if now - previous < _INTERRUPT_BURST_SECONDS or self.state not in ACTIVE_STATES:
             return None
-        if not self.drivers.driving:  # nothing would act on a command: interrupt the cell's code itself
+        if not self.drivers.driving and not self.drivers.count:  # nothing trained yet: interrupt the cell's code
             self.lifecycle.journal.log("info", "Kernel interrupt: the cell runs no fit or TrainLoop; interrupting its code.")
             self.drivers.interrupt_cell()
             return None
         repeated = previous != float("-inf")
         command = Command.ABORT if repeated and self.state == RunState.STOPPING else self.on_interrupt
+        if not self.drivers.driving:
+            return self._interrupt_between_fits(command)
         if command is Command.STOP:
             self.drivers.note_interrupt()
         self.lifecycle.journal.log("info", f"Kernel interrupt: sending {command}.")
@@ -342,6 +345,27 @@ class TrainingRun(FitInterceptor):
         except OSError as error:
             self.lifecycle.journal.log("warning", f"Kernel interrupt: could not send {command}: {error}")
             return None
+
+    def _interrupt_between_fits(self, command: Command) -> Request | None:
+        """A kernel interrupt after a fit (or loop) of the cell ended and
+        before the next began: ``save`` waits for the next one; ``stop`` and
+        ``abort`` end the run's training here (the cell's code goes on, its
+        later fits train nothing), with no `KeyboardInterrupt` in the cell."""
+        journal = self.lifecycle.journal
+        if command is Command.SAVE:
+            journal.log("info", "Kernel interrupt between two fits: 'save' acts as the cell's next fit begins.")
+            try:
+                return self.send(command, sender="interrupt")
+            except OSError as error:
+                journal.log("warning", f"Kernel interrupt: could not send {command}: {error}")
+                return None
+        request = with_id(command, "interrupt")
+        journal.log("command", f"Kernel interrupt between two fits: {command}")
+        self.drivers.end_between(command, request.request_id)
+        self.lifecycle.move_to(RunState.STOPPING)
+        journal.acknowledge(request, "applied", f"{command} between two fits: the cell's later fits train nothing")
+        self.lifecycle.publish(force=True)
+        return request
 
     def __repr__(self) -> str:
         return f"<TrainingRun {self.name!r} {self.state}>"

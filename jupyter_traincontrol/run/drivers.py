@@ -8,6 +8,8 @@ training: no later one trains), and which one resumes (the first).
 
 A driver is anything with ``ended_by`` (the command that ended it, or None),
 ``end_reason(state)`` and ``note_interrupt()``: a `ControlCallback`, a `TrainLoop`.
+A stop or abort that comes while none drives (between two of a cell's fits)
+ends the run's training there (`end_between`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,18 @@ class RunDrivers:
             if getattr(driver, "ended_by", None) is not None:
                 self.ended_by = driver.ended_by
 
+    def end_between(self, command: Command, request_id: str | None) -> None:
+        """A ``stop`` or ``abort`` while no driver drives (between two fits of
+        a cell): the run's training ends here, with no checkpoint (nothing
+        trained since the last driver's), and later drivers train nothing.
+
+        Args:
+            command: ``stop`` or ``abort``.
+            request_id: The request's id: how the run ended (`end_reason`).
+        """
+        self.ended_by = command
+        self._last = _EndedBetween(command, request_id)
+
     def end_reason(self, state) -> str | None:
         """How the run came to end in final `state` (`protocol.END_REASONS`):
         as its last driver says (the one a stop or abort ended, if one did)."""
@@ -71,3 +85,18 @@ class RunDrivers:
             return False
         current.note_interrupt()
         return True
+
+
+class _EndedBetween:
+    """What `RunDrivers.end_between` keeps in place of a driver: how the run ended."""
+
+    def __init__(self, command: Command, request_id: str | None):
+        self.ended_by = command
+        self._request_id = request_id
+
+    def end_reason(self, state) -> str | None:
+        return end_reason(str(state), self._request_id)
+
+    def note_interrupt(self) -> None:
+        """Nothing trains: there is no next checkpoint to mark."""
+
