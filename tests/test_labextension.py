@@ -99,3 +99,4 @@ def test_the_side_panel_and_the_cli_say_alike_how_to_continue_a_run_whose_proces
     assert resume_hint(ENDED_RECORDS[0]) == ("Its newest checkpoint is ckpt-000004-epoch0009-step000003.keras: continue "
                                              "from it with %%interruptible_fit --name mnist --resume.")
     assert resume_hint(ENDED_RECORDS[2]) == resume_hint(ENDED_RECORDS[3]) == ""
+

@@ -109,3 +109,15 @@ def test_the_output_names_its_run_for_when_the_widgets_are_gone(kernel):
     assert "application/vnd.jupyter.widget-view+json" in bundle  # the live panel comes first
     kernel.execute(f"{RUN}.abort()")
     kernel.wait_for(f"{RUN}.state == 'aborted'", timeout=30)
+
+
+def test_the_ended_panel_names_the_call_that_loads_each_format():
+    from jupyter_traincontrol.notebook.panel_text import load_hint, outcome_html
+
+    assert load_hint("ck/ckpt-000001-epoch0001-step000004.keras") == "keras.models.load_model(run.checkpoints[-1])"
+    assert load_hint("ck/ckpt-000001-epoch0001-step000004.keras", keras2=True) == (
+        "tf_keras.models.load_model(run.checkpoints[-1])")
+    assert load_hint("ck/ckpt-000001-epoch0001-step000004.pt") == "torch.load(run.checkpoints[-1], weights_only=True)"
+    assert load_hint("ck/ckpt-000001-epoch0001-step000004.ckpt") == "load(run.checkpoints[-1])"  # save=/load= folders
+    shown = outcome_html("t", "stopped", "command", "", [("ck/ckpt-000001-epoch0001-step000004.pt", {}, True)])
+    assert "torch.load(run.checkpoints[-1], weights_only=True)" in shown and "keras.models" not in shown

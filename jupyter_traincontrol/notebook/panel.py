@@ -277,8 +277,9 @@ class ControlPanel:
         if progress.epoch:
             where = f"epoch {progress.epoch}/{progress.epochs or '?'} · batch {progress.step}/{progress.steps or '?'}"
         checkpoints = [(str(c.path), c.info, c.info.get("run_id") == lifecycle.run_id) for c in lifecycle.checkpoints()]
+        session = getattr(self.run.callback, "session", None)  # a fit's: was its model a Keras 2 one?
         self.outcome.value = outcome_html(str(self.run.name), str(state), lifecycle.record().get("end_reason"), where,
-                                          checkpoints)
+                                          checkpoints, keras2=bool(getattr(session, "keras2", False)))
         self.controls.layout.display = "none"
         self.outcome.layout.display = None
 

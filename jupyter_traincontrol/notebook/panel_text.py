@@ -29,6 +29,7 @@ __all__ = [
     "log_html",
     "outcome_text",
     "outcome_html",
+    "load_hint",
 ]
 
 #: A request id at the end of a command (``save #rest-3f2a``): how senders
@@ -129,7 +130,22 @@ def outcome_text(state: str, end_reason: str | None = None) -> str:
     return by_state.get(state, title)
 
 
-def outcome_html(name: str, state: str, end_reason: str | None, where: str, checkpoints: list[tuple[str, Mapping, bool]]) -> str:
+def load_hint(path: str, keras2: bool = False) -> str:
+    """The code that loads the checkpoint at `path` (``run.checkpoints[-1]``), by its format.
+
+    Args:
+        path: The checkpoint's file (or folder).
+        keras2: A ``.keras`` file of Keras 2 (``tf_keras``), not Keras 3.
+    """
+    if path.endswith(".pt"):  # TrainLoop(state=...): one dict of the state_dicts it was given
+        return "torch.load(run.checkpoints[-1], weights_only=True)"
+    if path.endswith(".ckpt"):  # TrainLoop(save=..., load=...): a folder the user's own function reads
+        return "load(run.checkpoints[-1])"
+    return f"{'tf_keras' if keras2 else 'keras'}.models.load_model(run.checkpoints[-1])"
+
+
+def outcome_html(name: str, state: str, end_reason: str | None, where: str, checkpoints: list[tuple[str, Mapping, bool]],
+                 keras2: bool = False) -> str:
     """What an ended run's panel shows instead of its buttons.
 
     Args:
@@ -139,6 +155,7 @@ def outcome_html(name: str, state: str, end_reason: str | None, where: str, chec
         where: Where it ended (``epoch 7/30 · batch 12/26``), or ''.
         checkpoints: ``(path, sidecar, this_run)`` of each checkpoint of its
             name, oldest first.
+        keras2: The run trained a Keras 2 (``tf_keras``) model (`load_hint`).
     """
     color = {"failed": "#d93025", "aborted": "#e37400"}.get(state, "#188038")
     head = f'<b style="color:{color}">{html.escape(outcome_text(state, end_reason))}</b>'
@@ -153,7 +170,7 @@ def outcome_html(name: str, state: str, end_reason: str | None, where: str, chec
         parts.append(
             '<div style="font-size:12px;line-height:1.5;color:var(--jp-ui-font-color2, #666)">'
             f"Continue it: <code>%%interruptible_fit --name {html.escape(name)} --resume</code>; "
-            "load the newest: <code>keras.models.load_model(run.checkpoints[-1])</code>.</div>"
+            f"load the newest: <code>{html.escape(load_hint(checkpoints[-1][0], keras2))}</code>.</div>"
         )
     else:
         why = "an abort writes none" if state == "aborted" else "none was written"
