@@ -552,3 +552,20 @@ def test_resume_from_nothing_fails_fit_saying_what_was_found(make_model, tiny_da
         fit(make_model(), tiny_data, ControlCallback(name="e", checkpoint_dir=ckpt, resume_from=missing))
     with pytest.raises(ValueError, match="resume_from='no such' is neither a checkpoint file nor a run name"):
         ControlCallback(resume_from="no such")
+
+
+def test_the_end_checkpoint_is_the_model_fit_returns_after_every_callbacks_train_end(make_model, tiny_data, ckpt):
+    """EarlyStopping(restore_best_weights=True), after this callback in the
+    list, puts the best epoch's weights back in its on_train_end: the end
+    checkpoint holds those, the model `fit` returns (issue 40, case 2)."""
+    control = ControlCallback(name="best", checkpoint_dir=ckpt, verbose=False)
+    # Only the first epoch improves by min_delta: the best weights are its.
+    early = keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=2, restore_best_weights=True)
+    model = make_model()
+    driving.fit(model, tiny_data, control, early, epochs=10)
+    assert early.stopped_epoch == 2 and control.state == "finished"
+    (end,) = control.checkpoints
+    assert read_sidecar(end)["reason"] == "end"
+    saved = keras.models.load_model(end)
+    for written, returned in zip(saved.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(written, returned)

@@ -350,12 +350,35 @@ class FitSession:
     def train_ended(self) -> None:
         """``on_train_end`` (the training thread): a `fit` that ran to its end
         writes its last checkpoint (reason ``end``, unless ``save_at_end`` is
-        off or no batch was trained), then the run closes in its final state."""
+        off or no batch was trained), then the run closes in its final state.
+
+        That checkpoint is the model `fit` returns: it is written once `fit`
+        returns, after every callback's ``on_train_end`` (the weights
+        ``EarlyStopping(restore_best_weights=True)`` puts back), and the run
+        closes then (`system.frames.call_after_return`). Where that cannot
+        be arranged (a profiler is set; a job, whose processes write it in
+        step), it is written now, as the callbacks after this one have not
+        run yet."""
         actions = self.actions
         state = final_state(actions.ended_by)
-        if state is RunState.FINISHED and self.callback.save_at_end and self.progress.boundary and not self._closing:
+        writes_end = state is RunState.FINISHED and self.callback.save_at_end and self.progress.boundary
+        if writes_end and not self._closing and self.job is None and call_after_return(self._fit_frame, self._returned):
+            return
+        if writes_end and not self._closing:
             actions.saves.write_at_end()
         self.close(state, end_reason=actions.end_reason(state))
+
+    def _returned(self, history) -> None:
+        """`fit` of a finished run has returned `history` (None: it raised,
+        a callback's ``on_train_end`` after this one's): its end checkpoint,
+        then the run closes."""
+        self._fit_frame = None  # returned: a SIGTERM is handed on at once
+        if history is None:
+            self.close(RunState.FAILED, "fit raised after its on_train_end (a callback's on_train_end raised).")
+            return
+        if not self._closing:
+            self.actions.saves.write_at_end()
+        self.close(RunState.FINISHED, end_reason=self.actions.end_reason(RunState.FINISHED))
 
     def save_after_close(self) -> None:
         """A finished with block's end checkpoint (`fit.span`), its last `fit`
@@ -390,7 +413,7 @@ class FitSession:
             self._closed.set()
         frame, self._fit_frame = self._fit_frame, None
         if self.safeguards is not None and self._watchdog.thread_id == threading.get_ident():
-            self.safeguards.deliver_sigterm(after=lambda deliver: call_after_return(frame, deliver))
+            self.safeguards.deliver_sigterm(after=lambda deliver: call_after_return(frame, lambda _: deliver()))
 
     def end_lost(self, message: str) -> None:
         """A job's process was lost, or this one exits with its `fit` not

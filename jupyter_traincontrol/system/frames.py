@@ -61,10 +61,10 @@ def any_thread_in(function: str, file_suffix: str) -> bool:
     return False
 
 
-def call_after_return(frame: FrameType | None, action: Callable[[], None]) -> bool:
-    """Calls `action()` once `frame` (of this thread) returns or raises, as
-    its caller goes on, with a profile function (`sys.setprofile`) set only
-    until then.
+def call_after_return(frame: FrameType | None, action: Callable[[object], None]) -> bool:
+    """Calls `action(value)` once `frame` (of this thread) returns `value`
+    (None if it raises), just before its caller goes on, with a profile
+    function (`sys.setprofile`) set only until then.
 
     Returns:
         False, calling nothing, if `frame` is not on this thread's stack or
@@ -74,10 +74,10 @@ def call_after_return(frame: FrameType | None, action: Callable[[], None]) -> bo
     if frame is None or sys.getprofile() is not None or not on_stack(threading.get_ident(), frame):
         return False
 
-    def profile(current: FrameType, event: str, _arg) -> None:
+    def profile(current: FrameType, event: str, value) -> None:
         if event == "return" and current is frame:
             sys.setprofile(None)
-            action()
+            action(value)
 
     sys.setprofile(profile)
     return True
