@@ -564,6 +564,9 @@ def test_the_end_checkpoint_is_the_model_fit_returns_after_every_callbacks_train
     model = make_model()
     driving.fit(model, tiny_data, control, early, epochs=10)
     assert early.stopped_epoch == 2 and control.state == "finished"
+    record = find_run("best")  # how it ended: EarlyStopping ended it, at epoch 3 of 10
+    assert (record["end_reason"], record["stopped_by"]) == ("callback", "EarlyStopping")
+    assert any(e["message"] == "Stopped by EarlyStopping at epoch 3/10." for e in record["events"]), record["events"]
     (end,) = control.checkpoints
     assert read_sidecar(end)["reason"] == "end"
     saved = keras.models.load_model(end)

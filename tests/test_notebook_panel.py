@@ -111,6 +111,15 @@ def test_the_output_names_its_run_for_when_the_widgets_are_gone(kernel):
     kernel.wait_for(f"{RUN}.state == 'aborted'", timeout=30)
 
 
+def test_the_ended_panel_names_the_callback_that_ended_fit_early():
+    from jupyter_traincontrol.notebook.panel_text import outcome_html, outcome_text
+
+    assert outcome_text("finished", "callback", "EarlyStopping") == "Stopped early by EarlyStopping"
+    assert outcome_text("finished", "callback") == "Stopped early by a callback"
+    assert "Stopped early by TerminateOnNaN</b> at epoch 4/60" in outcome_html(
+        "t", "finished", "callback", "epoch 4/60", [], stopped_by="TerminateOnNaN")
+
+
 def test_the_ended_panel_names_the_call_that_loads_each_format():
     from jupyter_traincontrol.notebook.panel_text import load_hint, outcome_html
 

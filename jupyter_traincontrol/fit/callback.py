@@ -232,7 +232,7 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         """How the last `fit` came to end in final `state` (`protocol.END_REASONS`)."""
         session = self._session
         if session is not None and session.actions is not None:
-            return session.actions.end_reason(state)
+            return session.end_reason_for(state)
         return None
 
     def send(self, command: str | Command | Request, sender: str | None = "notebook") -> Request:

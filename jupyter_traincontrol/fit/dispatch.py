@@ -59,6 +59,11 @@ class BatchDispatch:
         return cls(frame.f_locals["self"] if frame is not None else None)
 
     @property
+    def callbacks(self) -> list:
+        """The `fit`'s callbacks (none if its `CallbackList` was not found)."""
+        return list(getattr(self._callbacks, "callbacks", None) or [])
+
+    @property
     def asynchronous(self) -> bool:
         """True if Keras would call some batch-end hooks on its pool."""
         return any(self._flags)

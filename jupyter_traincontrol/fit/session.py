@@ -38,6 +38,7 @@ from ..system.frames import call_after_return
 from . import keras2, watchdog
 from .boundaries import Boundaries
 from .dispatch import BatchDispatch
+from .early_stop import stopping_callback
 from .resume.batch_skipper import rebuild_train_function
 from .resume.data_order import DataOrder
 from .resume.resumption import Resumption, resume_from_latest, resume_from_source
@@ -103,6 +104,8 @@ class FitSession:
         self.random_at_epoch_start: random_state.EpochStart | None = None  # `random_state.capture_epoch_start` of the epoch in progress
         self.lost_because: str | None = None  # why `fit` left without on_train_end, if known
         self.safeguards: Safeguards | None = None
+        self.callback_stopped = False  # a callback of the user's ended fit early (its stop_training)
+        self.stopped_by: str | None = None  # which one (its class), if known
         self._fit_frame = None  # the `fit` call's frame, until the fit closes (a SIGTERM is handed on after it)
         self.final_state = RunState.FAILED
         self.error: str | None = None
@@ -361,12 +364,31 @@ class FitSession:
         run yet."""
         actions = self.actions
         state = final_state(actions.ended_by)
+        if state is RunState.FINISHED and getattr(self.model, "stop_training", False):
+            self._note_callback_stop()
         writes_end = state is RunState.FINISHED and self.callback.save_at_end and self.progress.boundary
         if writes_end and not self._closing and self.job is None and call_after_return(self._fit_frame, self._returned):
             return
         if writes_end and not self._closing:
             actions.saves.write_at_end()
-        self.close(state, end_reason=actions.end_reason(state))
+        self.close(state, end_reason=self.end_reason_for(state))
+
+    def _note_callback_stop(self) -> None:
+        """`fit` ran out early, and no command stopped it: a callback of the
+        user's set ``stop_training`` (named in the record, ``stopped_by``)."""
+        self.callback_stopped = True
+        self.stopped_by = stopping_callback(self.dispatch.callbacks, exclude=self.callback)
+        progress = self.progress
+        where = f"epoch {progress.epoch + 1}/{progress.epochs or '?'}"
+        self.run.add_record_fields(lambda: {"stopped_by": self.stopped_by})
+        self.run.journal.log("info", f"Stopped by {self.stopped_by or 'a callback'} at {where}.")
+
+    def end_reason_for(self, state: RunState | str) -> str | None:
+        """How this `fit` ended in final `state` (`protocol.END_REASONS`):
+        ``callback`` when a callback of the user's ended it early."""
+        if self.callback_stopped and str(state) == RunState.FINISHED:
+            return "callback"
+        return self.actions.end_reason(state)
 
     def _returned(self, history) -> None:
         """`fit` of a finished run has returned `history` (None: it raised,
@@ -378,7 +400,7 @@ class FitSession:
             return
         if not self._closing:
             self.actions.saves.write_at_end()
-        self.close(RunState.FINISHED, end_reason=self.actions.end_reason(RunState.FINISHED))
+        self.close(RunState.FINISHED, end_reason=self.end_reason_for(RunState.FINISHED))
 
     def save_after_close(self) -> None:
         """A finished with block's end checkpoint (`fit.span`), its last `fit`

@@ -278,8 +278,10 @@ class ControlPanel:
             where = f"epoch {progress.epoch}/{progress.epochs or '?'} · batch {progress.step}/{progress.steps or '?'}"
         checkpoints = [(str(c.path), c.info, c.info.get("run_id") == lifecycle.run_id) for c in lifecycle.checkpoints()]
         session = getattr(self.run.callback, "session", None)  # a fit's: was its model a Keras 2 one?
-        self.outcome.value = outcome_html(str(self.run.name), str(state), lifecycle.record().get("end_reason"), where,
-                                          checkpoints, keras2=bool(getattr(session, "keras2", False)))
+        record = lifecycle.record()
+        self.outcome.value = outcome_html(str(self.run.name), str(state), record.get("end_reason"), where, checkpoints,
+                                          keras2=bool(getattr(session, "keras2", False)),
+                                          stopped_by=record.get("stopped_by"))
         self.controls.layout.display = "none"
         self.outcome.layout.display = None
 

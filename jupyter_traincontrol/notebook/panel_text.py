@@ -101,17 +101,19 @@ def log_html(events: Iterable[Mapping[str, Any]]) -> str:
     return f'<div style="font-size:11px;font-family:monospace;line-height:1.4">{"".join(lines)}</div>'
 
 
-def outcome_text(state: str, end_reason: str | None = None) -> str:
+def outcome_text(state: str, end_reason: str | None = None, stopped_by: str | None = None) -> str:
     """How a run ended, in words (the side panel's ``outcomeText``):
     ``Stopped by a kernel interrupt``, ``Finished: training ran to its end``.
 
     Args:
         state: The run's final state.
         end_reason: The record's ``end_reason``, if it has one.
+        stopped_by: The record's ``stopped_by``: the callback that ended `fit` early.
     """
     title = state[:1].upper() + state[1:]
     by_reason = {
         "finished": "Finished: training ran to its end",
+        "callback": f"Stopped early by {stopped_by or 'a callback'}",
         "command": f"{title} by a command",
         "interrupt": f"{title} by a kernel interrupt",
         "kernel-restart": f"{title} when its kernel restarted or shut down",
@@ -145,7 +147,7 @@ def load_hint(path: str, keras2: bool = False) -> str:
 
 
 def outcome_html(name: str, state: str, end_reason: str | None, where: str, checkpoints: list[tuple[str, Mapping, bool]],
-                 keras2: bool = False) -> str:
+                 keras2: bool = False, stopped_by: str | None = None) -> str:
     """What an ended run's panel shows instead of its buttons.
 
     Args:
@@ -156,9 +158,10 @@ def outcome_html(name: str, state: str, end_reason: str | None, where: str, chec
         checkpoints: ``(path, sidecar, this_run)`` of each checkpoint of its
             name, oldest first.
         keras2: The run trained a Keras 2 (``tf_keras``) model (`load_hint`).
+        stopped_by: The callback that ended `fit` early (the record's ``stopped_by``).
     """
     color = {"failed": "#d93025", "aborted": "#e37400"}.get(state, "#188038")
-    head = f'<b style="color:{color}">{html.escape(outcome_text(state, end_reason))}</b>'
+    head = f'<b style="color:{color}">{html.escape(outcome_text(state, end_reason, stopped_by))}</b>'
     if where:
         head += f" at {html.escape(where)}"
     parts = [f'<div style="font-size:13px;line-height:1.5">{head}</div>']

@@ -26,6 +26,7 @@ __all__ = ["END_REASONS", "SENDERS", "sender_of", "sender_words", "end_reason", 
 #: How a run ended, as a record's ``end_reason`` says it.
 END_REASONS = {
     "finished": "fit (or a TrainLoop) ran to its end",
+    "callback": "a callback of the user's ended fit early (EarlyStopping, TerminateOnNaN: its stop_training)",
     "command": "a stop or abort command (which one: the state)",
     "interrupt": "a kernel interrupt, Ctrl+C, or SIGTERM (a script's or a job process's)",
     "kernel-restart": "a kernel shutdown or restart stopped it",

@@ -29,11 +29,12 @@ export const ACTIVE_STATES = ['starting', 'running', 'paused', 'stopping'];
 
 /**
  * How an ended run ended (the record's `end_reason`): `fit` ran to its end,
- * a command (stop, abort), a kernel interrupt, a kernel restart or shutdown,
+ * a callback of the user's ended it early, a command (stop, abort), a kernel interrupt, a kernel restart or shutdown,
  * an exception, a loss that was not finite, or its process went away first.
  */
 export type EndReason =
   | 'finished'
+  | 'callback'
   | 'command'
   | 'interrupt'
   | 'kernel-restart'
@@ -124,6 +125,8 @@ export interface IRun {
   lost_process?: number | null;
   /** How an ended run ended; absent while it runs. */
   end_reason?: EndReason | null;
+  /** For end reason `callback`: the class of the callback that ended `fit` early. */
+  stopped_by?: string | null;
   // Added by the lister.
   /** False for an ended run of the history, whose process let it go (or is gone). */
   live?: boolean;

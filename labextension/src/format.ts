@@ -142,6 +142,8 @@ export function outcomeText(run: IRun): string {
   switch (run.end_reason) {
     case 'finished':
       return 'Finished: training ran to its end';
+    case 'callback':
+      return `Stopped early by ${run.stopped_by || 'a callback'}`;
     case 'command':
       return `${state} by a command`;
     case 'interrupt':
