@@ -100,3 +100,33 @@ def test_the_side_panel_and_the_cli_say_alike_how_to_continue_a_run_whose_proces
                                              "from it with %%interruptible_fit --name mnist --resume.")
     assert resume_hint(ENDED_RECORDS[2]) == resume_hint(ENDED_RECORDS[3]) == ""
 
+
+
+OUTCOMES = [
+    {"state": "finished", "end_reason": "finished", "epoch": 3},
+    {"state": "finished", "end_reason": "finished", "epoch": 0},  # a cell that ran no fit
+    {"state": "finished", "end_reason": "callback", "stopped_by": "EarlyStopping", "epoch": 9},
+    {"state": "finished", "end_reason": "callback", "stopped_by": None, "epoch": 2},
+    {"state": "stopped", "end_reason": "interrupt", "epoch": 4},
+    {"state": "aborted", "end_reason": "command", "epoch": 1},
+    {"state": "running", "end_reason": "process-gone", "epoch": 7},
+    {"state": "failed", "end_reason": "error", "epoch": 0},
+]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is missing (it builds the JupyterLab extension)")
+def test_both_panels_say_alike_how_a_run_ended():
+    from jupyter_traincontrol.notebook.panel_text import outcome_text
+
+    if not FORMAT_JS.exists():
+        pytest.fail(f"{FORMAT_JS} is not built: run `npm run build` in labextension/ (pip install does)")
+    module = base64.b64encode(FORMAT_JS.read_bytes()).decode()
+    script = (
+        f"const {{ outcomeText }} = await import('data:text/javascript;base64,{module}');"
+        f"console.log(JSON.stringify({json.dumps(OUTCOMES)}.map(outcomeText)));"
+    )
+    result = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    python = [outcome_text(r["state"], r["end_reason"], r.get("stopped_by"), trained=bool(r["epoch"])) for r in OUTCOMES]
+    assert json.loads(result.stdout) == python
+    assert python[1] == "Ended: nothing trained (the cell ran no fit or TrainLoop)"

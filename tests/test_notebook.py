@@ -251,6 +251,8 @@ def test_a_cell_without_fit_ends_with_a_note(kernel):
     kernel.wait_for(f"{RUN}.state == 'finished'", timeout=30)
     assert kernel.value("answer") == 42
     assert kernel.value(f"'ran no fit and no TrainLoop' in {RUN}.panel.log.value")
+    kernel.wait_for(f"'Ended: nothing trained' in {RUN}.panel.outcome.value", timeout=10)  # not "Finished: ..."
+    assert kernel.value(f"'no batch trained' in {RUN}.panel.epoch_label.value")  # not "Epoch -/? · batch 0/?"
 
 
 def test_what_the_training_thread_prints_shows_in_the_panel(kernel):

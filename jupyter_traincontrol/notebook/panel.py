@@ -239,7 +239,10 @@ class ControlPanel:
         steps, epochs = progress.steps or 0, progress.epochs or 0
         self.progress.max = max(1, steps)
         self.progress.value = min(progress.step, self.progress.max)
-        self.epoch_label.value = bar_label_html(f"Epoch {progress.epoch or '-'}/{epochs or '?'} · batch {progress.step}/{steps or '?'}")
+        if progress.epoch:
+            self.epoch_label.value = bar_label_html(f"Epoch {progress.epoch}/{epochs or '?'} · batch {progress.step}/{steps or '?'}")
+        else:  # no batch yet, or none ever (a cell with no fit, a fit that failed before its first)
+            self.epoch_label.value = bar_label_html("no batch trained" if state in FINAL_STATES else "waiting for the first batch")
         # The run: batches when the epoch's length is known, else epochs.
         done_epochs = max(0, progress.epoch - 1)
         if steps and epochs:

@@ -101,7 +101,7 @@ def log_html(events: Iterable[Mapping[str, Any]]) -> str:
     return f'<div style="font-size:11px;font-family:monospace;line-height:1.4">{"".join(lines)}</div>'
 
 
-def outcome_text(state: str, end_reason: str | None = None, stopped_by: str | None = None) -> str:
+def outcome_text(state: str, end_reason: str | None = None, stopped_by: str | None = None, trained: bool = True) -> str:
     """How a run ended, in words (the side panel's ``outcomeText``):
     ``Stopped by a kernel interrupt``, ``Finished: training ran to its end``.
 
@@ -109,8 +109,12 @@ def outcome_text(state: str, end_reason: str | None = None, stopped_by: str | No
         state: The run's final state.
         end_reason: The record's ``end_reason``, if it has one.
         stopped_by: The record's ``stopped_by``: the callback that ended `fit` early.
+        trained: Whether a batch (or item) was trained: a run that ends
+            ``finished`` without one ran no training at all.
     """
     title = state[:1].upper() + state[1:]
+    if state == "finished" and end_reason in (None, "finished") and not trained:
+        return "Ended: nothing trained (the cell ran no fit or TrainLoop)"
     by_reason = {
         "finished": "Finished: training ran to its end",
         "callback": f"Stopped early by {stopped_by or 'a callback'}",
@@ -161,7 +165,7 @@ def outcome_html(name: str, state: str, end_reason: str | None, where: str, chec
         stopped_by: The callback that ended `fit` early (the record's ``stopped_by``).
     """
     color = {"failed": "#d93025", "aborted": "#e37400"}.get(state, "#188038")
-    head = f'<b style="color:{color}">{html.escape(outcome_text(state, end_reason, stopped_by))}</b>'
+    head = f'<b style="color:{color}">{html.escape(outcome_text(state, end_reason, stopped_by, trained=bool(where)))}</b>'
     if where:
         head += f" at {html.escape(where)}"
     parts = [f'<div style="font-size:13px;line-height:1.5">{head}</div>']

@@ -139,6 +139,9 @@ export function ago(seconds: number): string {
  */
 export function outcomeText(run: IRun): string {
   const state = run.state.charAt(0).toUpperCase() + run.state.slice(1);
+  if (run.state === 'finished' && (run.end_reason ?? 'finished') === 'finished' && !run.epoch) {
+    return 'Ended: nothing trained (the cell ran no fit or TrainLoop)';
+  }
   switch (run.end_reason) {
     case 'finished':
       return 'Finished: training ran to its end';
