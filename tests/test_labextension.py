@@ -5,7 +5,8 @@ The side panel reads records through the REST API; `IRun` in
 (``protocol/record.py``, `FIELDS`) without a word in `IRun` is a field no
 card shows; a field in `IRun` that nothing writes is a card waiting for
 nothing. And the two panels write numbers by one rule, so the learning rate
-reads the same in both.
+reads the same in both, and say in the same words how a run ended and how to
+go on from one whose process died (the CLI says that too).
 """
 
 from __future__ import annotations
@@ -51,24 +52,30 @@ def test_the_side_panels_run_lists_every_field_of_a_record():
     )
 
 
+NEEDS_NODE = pytest.mark.skipif(shutil.which("node") is None, reason="node is missing (it builds the JupyterLab extension)")
+
+
+def side_panel_map(function: str, values_js: str) -> list:
+    """``VALUES.map(FUNCTION)`` of the side panel's built ``format.js``, run by
+    node: `values_js` is a JavaScript expression of the values."""
+    if not FORMAT_JS.exists():
+        pytest.fail(f"{FORMAT_JS} is not built: run `npm run build` in labextension/ (pip install does)")
+    module = base64.b64encode(FORMAT_JS.read_bytes()).decode()
+    script = (f"const {{ {function} }} = await import('data:text/javascript;base64,{module}');"
+              f"console.log(JSON.stringify(({values_js}).map(v => {function}(v))));")
+    result = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 NUMBERS = [0.0003, 0.001, 0.01, 0.002, 0.21314, 1e-5, 1.25e-5, 2.5e5, 12345.6, 99999.9, 0.00099996, 1.0, 0.0, -0.5,
            100.0, 1234.5, 0.1, 3.0e-7, 42, float("nan"), float("inf")]
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is missing (it builds the JupyterLab extension)")
+@NEEDS_NODE
 def test_both_panels_write_numbers_alike():
-    if not FORMAT_JS.exists():
-        pytest.fail(f"{FORMAT_JS} is not built: run `npm run build` in labextension/ (pip install does)")
-    module = base64.b64encode(FORMAT_JS.read_bytes()).decode()
     values = json.dumps([value if value == value and abs(value) != float("inf") else str(value) for value in NUMBERS])
-    script = (
-        f"const {{ formatNumber }} = await import('data:text/javascript;base64,{module}');"
-        f"const values = {values}.map(v => v === 'nan' ? NaN : v === 'inf' ? Infinity : v);"
-        "console.log(JSON.stringify(values.map(formatNumber)));"
-    )
-    result = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    side_panel = json.loads(result.stdout)
+    side_panel = side_panel_map("formatNumber", f"{values}.map(v => v === 'nan' ? NaN : v === 'inf' ? Infinity : v)")
     notebook_panel = [number_text(value) for value in NUMBERS]
     assert side_panel == notebook_panel
     assert notebook_panel[:2] == ["3e-4", "0.001"]
@@ -84,18 +91,9 @@ ENDED_RECORDS = [
 ]
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is missing (it builds the JupyterLab extension)")
+@NEEDS_NODE
 def test_the_side_panel_and_the_cli_say_alike_how_to_continue_a_run_whose_process_died():
-    if not FORMAT_JS.exists():
-        pytest.fail(f"{FORMAT_JS} is not built: run `npm run build` in labextension/ (pip install does)")
-    module = base64.b64encode(FORMAT_JS.read_bytes()).decode()
-    script = (
-        f"const {{ resumeHint }} = await import('data:text/javascript;base64,{module}');"
-        f"console.log(JSON.stringify({json.dumps(ENDED_RECORDS)}.map(resumeHint)));"
-    )
-    result = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == [resume_hint(record) for record in ENDED_RECORDS]
+    assert side_panel_map("resumeHint", json.dumps(ENDED_RECORDS)) == [resume_hint(record) for record in ENDED_RECORDS]
     assert resume_hint(ENDED_RECORDS[0]) == ("Its newest checkpoint is ckpt-000004-epoch0009-step000003.keras: continue "
                                              "from it with %%interruptible_fit --name mnist --resume.")
     assert resume_hint(ENDED_RECORDS[2]) == resume_hint(ENDED_RECORDS[3]) == ""
@@ -114,19 +112,10 @@ OUTCOMES = [
 ]
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is missing (it builds the JupyterLab extension)")
+@NEEDS_NODE
 def test_both_panels_say_alike_how_a_run_ended():
     from jupyter_traincontrol.notebook.panel_text import outcome_text
 
-    if not FORMAT_JS.exists():
-        pytest.fail(f"{FORMAT_JS} is not built: run `npm run build` in labextension/ (pip install does)")
-    module = base64.b64encode(FORMAT_JS.read_bytes()).decode()
-    script = (
-        f"const {{ outcomeText }} = await import('data:text/javascript;base64,{module}');"
-        f"console.log(JSON.stringify({json.dumps(OUTCOMES)}.map(outcomeText)));"
-    )
-    result = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
     python = [outcome_text(r["state"], r["end_reason"], r.get("stopped_by"), trained=bool(r["epoch"])) for r in OUTCOMES]
-    assert json.loads(result.stdout) == python
+    assert side_panel_map("outcomeText", json.dumps(OUTCOMES)) == python
     assert python[1] == "Ended: nothing trained (the cell ran no fit or TrainLoop)"
