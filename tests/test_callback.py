@@ -572,3 +572,16 @@ def test_the_end_checkpoint_is_the_model_fit_returns_after_every_callbacks_train
     saved = keras.models.load_model(end)
     for written, returned in zip(saved.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(written, returned)
+
+
+def test_a_later_fit_that_runs_to_its_end_is_how_a_with_block_ended(make_model, tiny_data, ckpt):
+    """In one run of several fits, the first ended early by EarlyStopping and
+    the last ran to its end: the run ended finished, named by no callback."""
+    model = make_model()
+    with ControlCallback(name="twofits", checkpoint_dir=ckpt, verbose=False) as control:
+        early = keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=1)
+        driving.fit(model, tiny_data, control, early, epochs=10)
+        assert early.stopped_epoch == 1
+        driving.fit(model, tiny_data, control, epochs=2)
+    record = find_run("twofits")
+    assert (record["end_reason"], record["stopped_by"]) == ("finished", None)

@@ -380,7 +380,7 @@ class FitSession:
         self.stopped_by = stopping_callback(self.dispatch.callbacks, exclude=self.callback)
         progress = self.progress
         where = f"epoch {progress.epoch + 1}/{progress.epochs or '?'}"
-        self.run.add_record_fields(lambda: {"stopped_by": self.stopped_by})
+        self.run.note_stopped_by(self.stopped_by)
         self.run.journal.log("info", f"Stopped by {self.stopped_by or 'a callback'} at {where}.")
 
     def end_reason_for(self, state: RunState | str) -> str | None:

@@ -105,6 +105,7 @@ class RunLifecycle:
         self._last_publish = 0.0
         self.error: str | None = None
         self.end_reason: str | None = None
+        self._stopped_by: str | None = None  # the callback that ended the training early, for end reason callback
         self.started: float | None = None
         self.ended: float | None = None
 
@@ -149,6 +150,7 @@ class RunLifecycle:
         )
         self.store.list()  # what the folder holds of this name already
         self.started, self.ended, self.error, self.end_reason = time.time(), None, None, None
+        self._stopped_by = None
         self.states.reset()
         self.journal.clear()
         self.history = RunHistory()
@@ -270,6 +272,12 @@ class RunLifecycle:
         """Marks the record as changed (published with the next tick)."""
         self.history.version += 1
 
+    def note_stopped_by(self, name: str | None) -> None:
+        """A callback of the user's ended a training of this run early (its
+        class, or None if not known): the record names it (``stopped_by``)
+        if the run ends with end reason ``callback``."""
+        self._stopped_by = name
+
     def add_record_fields(self, fields: RecordFields) -> None:
         """Adds fields to the record, read at each publish (a job's processes)."""
         self._record_fields.append(fields)
@@ -310,6 +318,7 @@ class RunLifecycle:
             checkpoints=self.checkpoints(), run_id=self.run_id or "", progress=self.progress,
             history=self.history, journal=self.journal, error=self.error, started=self.started, ended=self.ended,
             end_reason=self.end_reason if self.state in FINAL_STATES else None,
+            stopped_by=self._stopped_by if self.state in FINAL_STATES and self.end_reason == "callback" else None,
             extras=self._record_fields,
         )
 

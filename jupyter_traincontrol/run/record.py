@@ -29,7 +29,8 @@ RecordFields = Callable[[], Mapping[str, Any]]
 def build_record(*, state: RunState, origin: str, channel: CommandChannel | None, checkpoint_dir: str | None,
                  checkpoints: list[Checkpoint], run_id: str, progress: RunProgress, history: RunHistory,
                  journal: Journal, error: str | None, started: float | None, ended: float | None,
-                 end_reason: str | None = None, extras: Iterable[RecordFields] = ()) -> dict[str, Any]:
+                 end_reason: str | None = None, stopped_by: str | None = None,
+                 extras: Iterable[RecordFields] = ()) -> dict[str, Any]:
     """The record of a run (without the registry's own fields: name, run id, pid, time).
 
     Raises:
@@ -61,5 +62,6 @@ def build_record(*, state: RunState, origin: str, channel: CommandChannel | None
         "started": started,
         "ended": ended,
         "end_reason": end_reason,
+        "stopped_by": stopped_by,
     })
     return dict(conform(record))
