@@ -1,7 +1,8 @@
 """What keeps a training from being lost: Ctrl+C, SIGTERM and autosave, wired once for every driver.
 
 `Safeguards` is opened by a training session (a `fit`'s, a loop's) on its
-`contextlib.ExitStack`, and closed with it:
+`contextlib.ExitStack`, and closed with it (a ``with ControlCallback(...)``
+block's run opens one for SIGTERM alone, for the whole block):
 
 - Ctrl+C (`system.sigint.SigintGuard`): the first stops with a checkpoint,
   the second raises `KeyboardInterrupt`;
@@ -53,7 +54,7 @@ class Safeguards:
 
     Args:
         run: The run (its ``send``, ``state`` and ``publisher``).
-        saves: The training's checkpoints (the autosave clock).
+        saves: The training's checkpoints (the autosave clock); None: no autosave.
         note_interrupt: Marks the next stop's checkpoint reason ``interrupt``.
         unit: What a stop comes after (``batch``, ``item``), for messages.
         sigint: Install the Ctrl+C guard (main thread only).
@@ -62,7 +63,7 @@ class Safeguards:
         on_second_sigint: Called for a second Ctrl+C (see `SigintGuard`).
     """
 
-    def __init__(self, run: RunPort, saves: SaveScheduler, note_interrupt: Callable[[], None], unit: str, *,
+    def __init__(self, run: RunPort, saves: SaveScheduler | None, note_interrupt: Callable[[], None], unit: str, *,
                  sigint: bool, sigterm: bool, sigterm_grace: float = DEFAULT_SIGTERM_GRACE,
                  on_second_sigint: Callable[[bool], None] | None = None):
         self._run = run
@@ -86,7 +87,8 @@ class Safeguards:
         else:
             self._sigterm = None
         publisher = getattr(self._run, "publisher", None)
-        if publisher is not None and (self._saves.autosave_every is not None or self._sigterm is not None):
+        autosaves = self._saves is not None and self._saves.autosave_every is not None
+        if publisher is not None and (autosaves or self._sigterm is not None):
             publisher.add_tick_hook(self._tick)
             stack.callback(publisher.remove_tick_hook, self._tick)
 
@@ -117,7 +119,8 @@ class Safeguards:
 
     def _tick(self) -> None:
         """The run's thread, twice a second."""
-        self._saves.tick_autosave(self._run.state is RunState.RUNNING)
+        if self._saves is not None:
+            self._saves.tick_autosave(self._run.state is RunState.RUNNING)
         if self._sigterm is not None:
             self._sigterm.check_grace()
 

@@ -22,18 +22,20 @@ end reason for a Ctrl+C between two fits), else ``finished``.
 
 SIGTERM (``handle_sigterm``) stops the block's run the same way, with a
 checkpoint if a `fit` is training, and once the block has ended, the
-process ends as SIGTERM asks (`system.sigterm.SigtermStop`).
+process ends as SIGTERM asks (`boundary.safeguards.Safeguards`, for the
+whole block: its fits install none of their own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from typing import Any
 
-from ..protocol import Command, RunState, final_state
+from ..boundary.safeguards import Safeguards
+from ..protocol import RunState, final_state
 from ..run import RunDrivers
 from ..run.voice import say
-from ..system.sigterm import SigtermStop
 from . import watchdog
 
 __all__ = ["FitSpan", "TrainingEnded"]
@@ -69,7 +71,8 @@ class FitSpan:
         #: The callback's own: resume and resume_from apply to the first fit only, and save_at_end to the block's
         #: end (one checkpoint of a finished block, not one a fit); all the callback's again after the block.
         self._settings = callback.resume, callback.resume_from, callback.save_at_end
-        self._sigterm: SigtermStop | None = None
+        self._safeguards: Safeguards | None = None
+        self._guards = contextlib.ExitStack()  # what the safeguards installed, undone as the block ends
 
     @classmethod
     def open(cls, callback: Any) -> "FitSpan":
@@ -102,25 +105,12 @@ class FitSpan:
             raise
         callback.owns_lifecycle = False  # its fits drive the open run
         callback.save_at_end = False  # the block writes its end's checkpoint itself (`close`)
-        if callback.handle_sigterm:
-            span._guard_sigterm()
+        if callback.handle_sigterm:  # SIGTERM stops the block's run (main thread only; not in a kernel)
+            span._safeguards = Safeguards(run, None, callback.note_interrupt, "batch", sigint=False, sigterm=True,
+                                          sigterm_grace=callback.sigterm_grace)
+            span._safeguards.open(span._guards)
         say(run.listening_words(), verbose=callback.verbose)
         return span
-
-    def _guard_sigterm(self) -> None:
-        """SIGTERM stops the block's run (main thread only; not in a kernel)."""
-        run = self._callback.lifecycle
-
-        def stop() -> None:  # in the signal handler: one line on the run's channel (an interrupt's stop)
-            try:
-                run.send(Command.STOP, sender="sigterm")
-            except Exception:  # the run ended meanwhile
-                pass
-
-        sigterm = SigtermStop(stop, self._callback.sigterm_grace)
-        if sigterm.install():
-            self._sigterm = sigterm
-            run.publisher.add_tick_hook(sigterm.check_grace)
 
     def fit_begins(self) -> None:
         """``on_train_begin``, before the fit's session opens: only the first
@@ -179,11 +169,7 @@ class FitSpan:
             finally:
                 run.close(state, text, reason)
         say(f"Run {run.name!r} {state}.", verbose=callback.verbose)
-        sigterm, self._sigterm = self._sigterm, None
-        if sigterm is not None:
-            run.publisher.remove_tick_hook(sigterm.check_grace)
-            if sigterm.received:
-                sigterm.deliver()  # the block's run has ended: the process ends as SIGTERM asked
-            else:
-                sigterm.retire()
+        self._guards.close()
+        if self._safeguards is not None:
+            self._safeguards.deliver_sigterm()  # the block's run has ended: the process ends as SIGTERM asked
         return swallowed
