@@ -19,9 +19,10 @@ With ``fit`` on the main thread, the first Ctrl+C means ``stop`` and a
 second raises ``KeyboardInterrupt`` as usual; SIGTERM (``docker stop``, a
 scheduler's preemption) stops with a checkpoint, then the process ends as
 SIGTERM asks, once `fit` has returned. Every ten minutes of training
-(``autosave``) a checkpoint is written in the background. The batch hook costs a flag
-check unless a command waits, and forces no host sync per step: on JAX and
-torch Keras may run it on its thread pool (see ``async_safe``).
+(``autosave``) a checkpoint is written in the background. The batch hook
+costs a flag check unless a command waits, and forces no host sync per
+step: on JAX and torch Keras may run it on its thread pool (see
+``async_safe``).
 """
 
 from __future__ import annotations

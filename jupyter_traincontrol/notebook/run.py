@@ -335,30 +335,25 @@ class TrainingRun(FitInterceptor):
             return None
         repeated = previous != float("-inf")
         command = Command.ABORT if repeated and self.state == RunState.STOPPING else self.on_interrupt
-        if not self.drivers.driving:
-            return self._interrupt_between_fits(command)
+        between = not self.drivers.driving  # a fit of the cell has ended, the next not begun
+        if between and command is not Command.SAVE:
+            return self._end_between_fits(command)
         if command is Command.STOP:
             self.drivers.note_interrupt()
-        self.lifecycle.journal.log("info", f"Kernel interrupt: sending {command}.")
+        waits = " (between two fits: it acts as the cell's next fit begins)" if between else ""
+        self.lifecycle.journal.log("info", f"Kernel interrupt: sending {command}{waits}.")
         try:
             return self.send(command, sender="interrupt")
         except OSError as error:
             self.lifecycle.journal.log("warning", f"Kernel interrupt: could not send {command}: {error}")
             return None
 
-    def _interrupt_between_fits(self, command: Command) -> Request | None:
-        """A kernel interrupt after a fit (or loop) of the cell ended and
-        before the next began: ``save`` waits for the next one; ``stop`` and
-        ``abort`` end the run's training here (the cell's code goes on, its
-        later fits train nothing), with no `KeyboardInterrupt` in the cell."""
+    def _end_between_fits(self, command: Command) -> Request:
+        """A kernel interrupt's ``stop`` or ``abort`` after a fit (or loop) of
+        the cell ended and before the next began: the run's training ends
+        here (the cell's code goes on, its later fits train nothing), with no
+        `KeyboardInterrupt` in the cell."""
         journal = self.lifecycle.journal
-        if command is Command.SAVE:
-            journal.log("info", "Kernel interrupt between two fits: 'save' acts as the cell's next fit begins.")
-            try:
-                return self.send(command, sender="interrupt")
-            except OSError as error:
-                journal.log("warning", f"Kernel interrupt: could not send {command}: {error}")
-                return None
         request = with_id(command, "interrupt")
         journal.log("command", f"Kernel interrupt between two fits: {command}")
         self.drivers.end_between(command, request.request_id)
