@@ -22,6 +22,6 @@ __all__ = [
     "ACTIVE_STATES", "COMMAND_HELP", "COMMAND_NAMES", "Command", "END_REASONS", "FINAL_STATES",
     "InvalidTransitionError", "LineDecoder", "MAX_LINE_BYTES", "MAX_ROLLBACK_DEPTH", "Rejected", "Request",
     "RunState", "TRANSITIONS", "TUNABLE_ALIASES", "UnknownCommandError", "WAITED_ID_MARK", "allowed_commands",
-    "as_state", "assignments", "end_reason", "is_interrupt", "resume_hint", "final_state", "is_waited_id", "parse_command", "parse_request",
-    "rollback_depth", "sender_words", "shorten", "validate_tunable_name",
+    "as_state", "assignments", "end_reason", "final_state", "is_interrupt", "is_waited_id", "parse_command",
+    "parse_request", "resume_hint", "rollback_depth", "sender_words", "shorten", "validate_tunable_name",
 ]

@@ -69,7 +69,7 @@ class RunDrivers:
             request_id: The request's id: how the run ended (`end_reason`).
         """
         self.ended_by = command
-        self._last = _EndedBetween(command, request_id)
+        self._last = _EndedBetween(request_id)
 
     def end_reason(self, state) -> str | None:
         """How the run came to end in final `state` (`protocol.END_REASONS`):
@@ -88,15 +88,11 @@ class RunDrivers:
 
 
 class _EndedBetween:
-    """What `RunDrivers.end_between` keeps in place of a driver: how the run ended."""
+    """What `RunDrivers.end_between` keeps in place of the last driver: how the run ended."""
 
-    def __init__(self, command: Command, request_id: str | None):
-        self.ended_by = command
+    def __init__(self, request_id: str | None):
         self._request_id = request_id
 
     def end_reason(self, state) -> str | None:
         return end_reason(str(state), self._request_id)
-
-    def note_interrupt(self) -> None:
-        """Nothing trains: there is no next checkpoint to mark."""
 
