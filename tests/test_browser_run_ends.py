@@ -171,12 +171,13 @@ def test_ended_runs_stay_listed_with_how_they_ended_across_kernel_and_server_res
     screenshot(page, "lab-1400-ended-runs-after-server-restart")
 
 
-def test_a_kernel_killed_for_memory_leaves_its_run_lost_with_an_autosave_and_how_to_continue(jupyter, page, tmp_path):
+@pytest.mark.parametrize("app", ["lab", "notebook"])
+def test_a_kernel_killed_for_memory_leaves_its_run_lost_with_an_autosave_and_how_to_continue(app, jupyter, page, tmp_path):
     """The kernel dies with SIGKILL (as the OOM killer ends it) while its
     run trains with a short autosave: the side panel and the cell's place
     say the run was lost, list its autosave and how to go on (--resume)."""
     cells = [TRAIN_CELLS[0], TRAIN_CELLS[1].replace("--name nb-busy", "--name nb-busy --autosave 1")]
-    start_training_notebook(jupyter, page, tmp_path, cells=cells)
+    start_training_notebook(jupyter, page, tmp_path, app=app, cells=cells)
     wait_until(lambda: len(record_of("nb-busy").get("checkpoints") or []) >= 1, timeout=90, message="an autosave")
     newest = record_of("nb-busy")["checkpoints"][-1]
     assert read_sidecar(newest)["reason"] == "autosave"
@@ -194,7 +195,7 @@ def test_a_kernel_killed_for_memory_leaves_its_run_lost_with_an_autosave_and_how
     for width in (1400, 600):
         page.set_viewport_size({"width": width, "height": 900})
         place_of(page, 1, "nb-busy").scroll_into_view_if_needed()
-        screenshot(page, f"lab-{width}-kernel-killed")
+        screenshot(page, f"{app}-{width}-kernel-killed")
 
 
 @pytest.mark.parametrize("app", ["lab", "notebook"])
