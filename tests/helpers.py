@@ -204,10 +204,11 @@ def run_python(code: str, timeout: float = 120, **kwargs) -> subprocess.Complete
     return run_program("-c", code, timeout=timeout, **kwargs)
 
 
-def run_program(*argv: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    """Runs ``python ARGV`` (a program of tests/programs/, say) to its end."""
+def run_program(*argv: str, timeout: float = 120, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """Runs ``python ARGV`` (a program of tests/programs/, say) to its end,
+    in `env` (default: `child_env`)."""
     return subprocess.run(
-        [sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=child_env(), **kwargs
+        [sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env or child_env(), **kwargs
     )
 
 

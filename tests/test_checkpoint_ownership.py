@@ -63,17 +63,23 @@ def test_files_named_like_ours_are_not_listed(folder_with_user_files):
 
 def test_keep_counts_per_run_name_and_sequences_keep_increasing(tmp_path, model):
     ckdir = tmp_path / "ck"
-    first_a = [CheckpointStore(ckdir, keep=2, run="a").save(model, _step(n), reason="save") for n in range(3)]
+    a = CheckpointStore(ckdir, keep=2, run="a")
+    first_a = [a.save(model, _step(n), reason="save") for n in range(3)]
     b = CheckpointStore(ckdir, keep=2, run="b")
     first_b = [b.save(model, _step(n), reason="save") for n in range(3)]
-    assert [c.sequence for c in CheckpointStore(ckdir, run="a").list()] == [2, 3]  # each save's store pruned a's older
+    assert [c.sequence for c in CheckpointStore(ckdir, run="a").list()] == [2, 3]  # a's store pruned a's older
     assert [c.sequence for c in b.list()] == [5, 6]
-    resumed_a = CheckpointStore(ckdir, keep=2, run="a")  # a new instance of run "a": continues its sequence
-    third = resumed_a.save(model, _step(9), reason="save")
-    assert third.sequence == 7 and third.info["run_id"] == resumed_a.run_id != first_a[-1].info["run_id"]
-    assert [c.sequence for c in resumed_a.list()] == [3, 7]  # prunes the older instance's checkpoints
+    fresh_a = CheckpointStore(ckdir, keep=2, run="a")  # a new instance of run "a": continues its sequence
+    third = fresh_a.save(model, _step(9), reason="save")
+    assert third.sequence == 7 and third.info["run_id"] == fresh_a.run_id != first_a[-1].info["run_id"]
+    assert [c.sequence for c in fresh_a.list()] == [2, 3, 7]  # a fresh run leaves the earlier instance's
+    resumed_a = CheckpointStore(ckdir, keep=2, run="a")
+    assert resumed_a.restore_latest(lambda checkpoint: None).checkpoint == third  # continues fresh_a's line
+    resumed_a.save(model, _step(10), reason="save")
+    resumed_a.save(model, _step(11), reason="save")
+    assert [c.sequence for c in resumed_a.list()] == [2, 3, 8, 9]  # keep=2 of its line: fresh_a's went
     assert b.list() == first_b[1:]  # b's stay, though "a" saved and pruned after it
-    assert sorted(c.run for c in [*resumed_a.list(), *b.list()]) == ["a", "a", "b", "b"]
+    assert sorted({c.run for c in [*resumed_a.list(), *b.list()]}) == ["a", "b"]
 
 
 def test_a_sidecar_of_format_1_is_listed_resumed_and_pruned(tmp_path, model, make_model):

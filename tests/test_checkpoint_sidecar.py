@@ -70,6 +70,7 @@ MALFORMED = {
     "run a number": json.dumps(_valid(run=7)).encode(),
     "run empty": json.dumps(_valid(run="")).encode(),
     "run_id short": json.dumps(_valid(run_id="abc")).encode(),
+    "lineage short": json.dumps(_valid(lineage="abc")).encode(),
     "file with a folder": json.dumps(_valid(file="../ckpt-000001-epoch0001-step000001.keras")).encode(),
     "file absolute": json.dumps(_valid(file="/etc/passwd")).encode(),
     "file of another name": json.dumps(_valid(file="other.keras")).encode(),

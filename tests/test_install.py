@@ -119,7 +119,7 @@ def test_the_wheel_installs_into_a_fresh_venv_without_node_with_both_extensions_
     wheel = _the_wheel(tmp_path)
     metadata = zipfile.ZipFile(wheel).read(f"jupyter_traincontrol-{jupyter_traincontrol.__version__}.dist-info/METADATA")
     requires = [line.split(":", 1)[1].strip() for line in metadata.decode().splitlines() if line.startswith("Requires-Dist:")]
-    assert {"tensorflow>=2.16", "keras>=3.6"} <= set(requires)
+    assert {"tensorflow>=2.20", "keras>=3.13", "ipywidgets>=7.7.1", "ipython>=7.34"} <= set(requires)  # Colab's
     assert not [r for r in requires if r.startswith(("jupyterlab", "jupyter_server", "jupyter-server")) and "extra ==" not in r]
     assert any(r.startswith("jupyterlab") and 'extra == "lab"' in r for r in requires), requires
 

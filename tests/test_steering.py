@@ -103,9 +103,7 @@ def test_a_set_learning_rate_survives_a_checkpoint_and_resume(make_model, tiny_d
     history = fit(fresh, tiny_data, resumed, recorder, epochs=2)
     assert recorder.rates and recorder.rates == pytest.approx([0.002] * len(recorder.rates))
     assert history.history["learning_rate"] == pytest.approx([0.002, 0.002])
-    changes = find_run("again")["changes"]
-    assert changes[0]["by"].startswith("resume from ckpt-")
-    assert changes[0]["new"] == 0.002
+    assert find_run("again")["changes"] == []  # the checkpoint's file holds 0.002: nothing to set again
 
 
 def test_bad_values_change_nothing(make_model, tiny_data, ckpt):

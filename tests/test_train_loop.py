@@ -149,7 +149,13 @@ def test_set_lr_steers_a_torch_optimizer_and_its_scheduler(tmp_path, killed):
     assert refused.returncode == 6 and "Can set: learning_rate (lr), weight_decay, momentum" in refused.stderr
     assert cli("send", "steer", "stop", "--wait", "30").returncode == 0
     result, _ = finish(training)
-    assert read_sidecar(result["checkpoints"][-1])["tunables"]["learning_rate"] == 0.001
+    import torch
+
+    newest = result["checkpoints"][-1]
+    rate = torch.load(newest, weights_only=True)["optimizer"]["param_groups"][0]["lr"]
+    steered = read_sidecar(newest).get("tunables") or {}
+    # The sidecar keeps the set value only while it holds: once the scheduler steps, its rate wins.
+    assert steered == ({"learning_rate": 0.001} if rate == pytest.approx(0.001) else {})
 
 
 # In process -----------------------------------------------------------------------------

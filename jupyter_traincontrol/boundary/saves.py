@@ -45,7 +45,7 @@ import threading
 import time
 from typing import Callable, ContextManager, Mapping, NamedTuple, Protocol
 
-from ..checkpoint import AUTOSAVE_REASON, Checkpoint, CheckpointError, CheckpointStore, CheckpointWriter, TrainingPosition
+from ..checkpoint import AUTOSAVE_REASON, Attached, Checkpoint, CheckpointError, CheckpointStore, CheckpointWriter, TrainingPosition
 from ..protocol import Request
 from ..state.snapshot import SnapshotBuffers
 from .port import RunPort, Trained
@@ -100,11 +100,15 @@ class SaveScheduler:
             gives its own).
         autosave: Seconds of training after the newest checkpoint at which
             an autosave is taken; None or 0: never. Defaults to None.
+        attachments: Returns the files a checkpoint taken now carries in its
+            model part (`checkpoint.Attached`; called on the training
+            thread, with `resume_state`): the state of a `fit`'s callbacks.
     """
 
     def __init__(self, trained: Trained, run: RunPort, progress: TrainingProgress, say: Callable[..., None],
                  background: bool = True, resume_state: Callable[[TrainingPosition], Mapping | None] | None = None,
-                 store: CheckpointStore | None = None, autosave: float | None = None):
+                 store: CheckpointStore | None = None, autosave: float | None = None,
+                 attachments: Callable[[], Mapping] | None = None):
         self.trained = trained
         self.policy: SavePolicy | None = None  # set by the steering of the run, if it steers
         self.run = run
@@ -112,6 +116,7 @@ class SaveScheduler:
         self.background = background
         self._progress = progress
         self._resume_state = resume_state or (lambda _position: None)
+        self._attachments = attachments
         self._taken_at: int | None = None  # the boundary of the last checkpoint taken
         self._taken_auto = False  # and whether it is an autosave
         self._last_outcome: Outcome | None = None  # and its outcome, once written
@@ -217,9 +222,9 @@ class SaveScheduler:
             return
         step = self.trained.step_later(snapshot)  # the step the snapshot took: no second read
         self._in_flight = requests
-        self._writer.submit(snapshot, _with_step(position, step) if position is not self._progress.pinned else position,
-                            reason, self._progress.metrics, self._written, self._resume_state(position),
-                            terms.tunables)
+        at = _with_step(position, step) if position is not self._progress.pinned else position
+        self._writer.submit(self._attached(snapshot), at, reason, self._progress.metrics, self._written,
+                            self._resume_state(position), terms.tunables)
 
     def write_now(self, reason: str) -> Outcome:
         """A checkpoint of this boundary (the state synced), on disk when
@@ -301,15 +306,20 @@ class SaveScheduler:
             resume_state = self._resume_state(position)
             with terms.around:
                 if self.background:  # flushing and pruning on the writer's thread, which this one waits for
-                    checkpoint = self._writer.write(self.trained.views(), position, reason, metrics, resume_state,
-                                                    terms.tunables)
+                    checkpoint = self._writer.write(self._attached(self.trained.views()), position, reason, metrics,
+                                                    resume_state, terms.tunables)
                 else:
-                    checkpoint = self.store.save(self.trained.live(), position, reason=reason, metrics=metrics,
-                                                 run=self.run.name, resume_state=resume_state,
+                    checkpoint = self.store.save(self._attached(self.trained.live()), position, reason=reason,
+                                                 metrics=metrics, run=self.run.name, resume_state=resume_state,
                                                  tunables=terms.tunables)
         except CheckpointError as error:
             return self._failed(error)
         return self._committed(checkpoint, position)
+
+    def _attached(self, source):
+        """`source` with the attachments of a checkpoint taken now, if any."""
+        files = self._attachments() if self._attachments is not None else None
+        return Attached(source, files) if files else source
 
     def _writer_idle(self) -> None:
         if self.due:

@@ -7,20 +7,22 @@ thread, for `actions.CommandActions`:
   (`tunables.Tunables`: checked whole before anything changes); ``set``
   alone reports the current values.
 - ``rollback [N]`` loads the run's N-th newest checkpoint into the live
-  model and optimizer (weights, moments, ``iterations``), resets the
-  epoch's running metrics, and training goes on. What was steered stays as
-  it is now: the learning rate and tunables keep their current values,
-  they are not taken back to the checkpoint's.
+  model and optimizer (weights, moments, ``iterations``, the learning rate
+  or the schedule's step as they were), resets the epoch's running
+  metrics, and training goes on. A value ``set`` steered that still holds
+  stays as it is now; every other value is the checkpoint's (a schedule is
+  never replaced by a constant), and the rollback says what that changed.
 
 Every change is kept four ways: an event in the run's log and an entry in
 the record's ``changes`` (what sent it, old and new value, where training
-was); the current values in the record's ``tunables``; the values steered
-so far in each later checkpoint's sidecar (``tunables``), which a resume
-applies again (`begin`); and, at each epoch's end, in the logs `History`
-keeps, as `ReduceLROnPlateau` does for ``learning_rate`` (``rollbacks``
-counts rollbacks; a key that appears mid-`fit` is filled in for the
-earlier epochs, so every list in ``History.history`` has one value an
-epoch).
+was); the current values in the record's ``tunables``; in each later
+checkpoint's sidecar (``tunables``), the steered values that still hold
+(`holding`: a later change by a callback such as `ReduceLROnPlateau`, or
+by a scheduler, wins), which a resume applies again (`begin`); and, at
+each epoch's end, in the logs `History` keeps, as `ReduceLROnPlateau`
+does for ``learning_rate`` (``rollbacks`` counts rollbacks; a key that
+appears mid-`fit` is filled in for the earlier epochs, so every list in
+``History.history`` has one value an epoch).
 
 After a loss that is not finite, the weights are suspect: no checkpoint
 is written (by any command) until a rollback, or a check that finds every
@@ -32,6 +34,7 @@ optimizer as the user built it, and the values steered so far.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from typing import Any, Callable
@@ -104,9 +107,12 @@ class Steering:
         if steered:
             known = set(self.tunables.names())
             unknown = sorted(set(steered) - known)
-            steered = {name: value for name, value in steered.items() if name in known}
+            current = self.tunables.read([name for name in steered if name in known])
+            steered = {name: value for name, value in steered.items()
+                       if name in known and not _same(current[name], value)}  # what the checkpoint's file holds stays
             if unknown:
                 self._warn(f"Resume: cannot set {', '.join(unknown)} again (this model has no such value).")
+        if steered:
             try:
                 changes = self.tunables.apply(steered)
             except TunableError as error:
@@ -176,7 +182,7 @@ class Steering:
             said_by: Who, in words, for the run's log. Defaults to `by`.
         """
         trained, progress = self.trained, self.progress
-        kept = self.tunables.read()
+        before, kept = self.tunables.read(), self.holding()
         step_before = trained.step()
         skipped = []
         for candidate in reversed(checkpoints):
@@ -194,7 +200,10 @@ class Steering:
             return "failed", message
         if skipped:
             self._warn(f"Rollback skipped {len(skipped)} newer checkpoint(s): {'; '.join(skipped)}.")
-        self.tunables.restore(kept)  # the checkpoint's file holds the learning rate it had
+        self.tunables.restore(kept)  # what was set stays; the rest is the checkpoint's (its rate, its schedule)
+        after = self.tunables.read()
+        went_back = [f"{name} {format_value(old)} -> {format_value(after.get(name))}" for name, old in before.items()
+                     if not _same(after.get(name), old)]
         self.rollbacks += 1
         self.suspect = None
         progress.global_step = trained.step()
@@ -203,7 +212,9 @@ class Steering:
                    else f"epoch {progress.epoch + 1}, batch {progress.step + 1}")
         message = (
             f"rolled back to {checkpoint.path.name} (epoch {position.epoch + 1}, step {position.step_in_epoch}): "
-            f"optimizer step {step_before} -> {progress.global_step}; training goes on at {goes_on}"
+            f"optimizer step {step_before} -> {progress.global_step}"
+            + (f", {', '.join(went_back)} (the checkpoint's)" if went_back else "")
+            + f"; training goes on at {goes_on}"
         )
         self._add_change("rollbacks", self.rollbacks - 1, self.rollbacks, by, said_by, checkpoint=checkpoint.path.name)
         self.journal.log("rollback", f"{message[0].upper()}{message[1:]} (by {said_by or by}).")
@@ -230,7 +241,24 @@ class Steering:
         steered in this run in its sidecar, and the optimizer as the user
         built it in its model file (`tunables.Tunables.as_built`)."""
         around = self.tunables.as_built() if self.tunables.schedule_replaced else contextlib.nullcontext()
-        return SaveTerms(self.refuse_checkpoint(), dict(self.overrides), around)
+        return SaveTerms(self.refuse_checkpoint(), self.holding(), around)
+
+    def holding(self) -> dict[str, float]:
+        """The values steered in this run that still hold: a later change
+        by a callback (`ReduceLROnPlateau`) or a scheduler wins over a
+        ``set`` made before it. While a ``set`` has replaced the learning
+        rate's schedule, the constant training uses is one of them, whoever
+        changed it last (the model file holds the schedule: `as_built`)."""
+        if not self.overrides:
+            return {}
+        names = list(self.overrides)
+        if self.tunables.schedule_replaced and "learning_rate" not in names:
+            names.append("learning_rate")
+        current = self.tunables.read(names)
+        held = {name: value for name, value in self.overrides.items() if _same(current.get(name), value)}
+        if self.tunables.schedule_replaced and current.get("learning_rate") is not None:
+            held["learning_rate"] = current["learning_rate"]
+        return held
 
     # Epoch end: History -------------------------------------------------------------
 
@@ -306,6 +334,13 @@ class Steering:
     def _warn(self, message: str) -> None:
         self.journal.log("warning", message)
         self._say(message)
+
+
+def _same(current: float | None, steered: float | None) -> bool:
+    """True if `current` is the value `steered` (as a float32 variable holds it)."""
+    if current is None or steered is None:
+        return current is steered
+    return math.isclose(current, steered, rel_tol=1e-6, abs_tol=1e-12)
 
 
 def _sender(request: Request) -> str:

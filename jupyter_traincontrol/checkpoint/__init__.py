@@ -8,11 +8,13 @@
 - `commit`: staging, renames with the sidecar last, flushing and pruning.
 - `store`: `CheckpointStore`, the checkpoints of one run in one folder.
 - `writer`: `CheckpointWriter`, one background write at a time.
+- `attachments`: files a checkpoint carries inside its model part (`Attached`).
 
 What a checkpoint holds (a Keras model, a host copy of one) is written
 through its ``save(path)``; `jupyter_traincontrol.state` has those.
 """
 
+from .attachments import Attached, read_attachment
 from .commit import AUTOSAVE_REASON, AUTOSAVES_KEPT
 from .folder import LOCK_FILE
 from .records import (
@@ -35,6 +37,7 @@ from .writer import CheckpointWriter, WriterBusyError
 __all__ = [
     "AUTOSAVE_REASON",
     "AUTOSAVES_KEPT",
+    "Attached",
     "Checkpoint",
     "CheckpointDirBusyError",
     "CheckpointDirChangedError",
@@ -54,6 +57,7 @@ __all__ = [
     "WriterBusyError",
     "build_sidecar",
     "parse_sidecar",
+    "read_attachment",
     "read_sidecar",
     "skipping_words",
 ]

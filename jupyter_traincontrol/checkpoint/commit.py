@@ -44,7 +44,8 @@ _STAGED_SIDECAR = "info.json"
 
 
 def retained(checkpoints: list[Checkpoint], keep: int) -> tuple[list[Checkpoint], list[Checkpoint]]:
-    """Which of a run's `checkpoints` (oldest first) stay and which go: the
+    """Which of a run's `checkpoints` (oldest first, of its own line: see
+    `CheckpointStore.lineage`) stay and which go: the
     newest `keep` of those the user asked for (``save``, ``stop``,
     ``interrupt``, ``end``, ...) and, apart from them, the newest
     `AUTOSAVES_KEPT` autosaves. So autosaves never push a checkpoint the
@@ -140,9 +141,14 @@ class Committer:
             self.flush(checkpoints[-1])
             self.folder.phase("previous-flushed")
 
-    def prune(self, checkpoints: list[Checkpoint], broken: list[tuple[str, dict, str]]) -> None:
-        """Removes the run's `checkpoints` that `retained` lets go, and the
-        run's sidecars whose model file a crash left short or missing."""
+    def prune(self, checkpoints: list[Checkpoint], broken: list[tuple[str, dict, str]]) -> list[Checkpoint]:
+        """Removes the run's `checkpoints` (those of its line, oldest first)
+        that `retained` lets go, and the sidecars of the run's name whose
+        model file a crash left short or missing.
+
+        Returns:
+            The checkpoints removed, oldest first.
+        """
         kept, doomed = retained(checkpoints, self.keep)
         if doomed and not any(c.sequence in self._flushed for c in kept):
             # Never delete a checkpoint before a newer one is surely on disk
@@ -153,6 +159,7 @@ class Committer:
         for sidecar, info, _why in broken:
             if (info.get("run") or DEFAULT_RUN) == self.folder.run:
                 self._remove(sidecar, info["file"], shorter_than=info["size"])
+        return doomed
 
     def _remove(self, sidecar: str, model_file: str, shorter_than: int | None) -> None:
         """Uncommits a checkpoint of this run (its sidecar goes first), then

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 __all__ = [
     "DEFAULT_RUN",
+    "LEGACY_LINE",
     "Checkpoint",
     "CheckpointDirBusyError",
     "CheckpointDirChangedError",
@@ -23,6 +24,10 @@ __all__ = [
 
 #: The run name of a store given none.
 DEFAULT_RUN = "run"
+#: The line of the checkpoints written before sidecars carried a ``run_id``
+#: (format 1): the release that wrote them counted them all as one line of
+#: their run's name, and a run that resumes one carries that line on.
+LEGACY_LINE = "0" * 32
 
 
 class CheckpointError(OSError):
@@ -114,6 +119,14 @@ class Checkpoint:
     def run(self) -> str:
         """The name of the run that wrote it."""
         return self.info["run"] if self.info.get("run") is not None else DEFAULT_RUN
+
+    @property
+    def lineage(self) -> str:
+        """The line of runs it belongs to: the ``run_id`` of the first run of
+        a chain of resumes (its sidecar's ``lineage``; without one, its own
+        ``run_id``; without that, `LEGACY_LINE`). A run counts and prunes
+        the checkpoints of its own line only."""
+        return self.info.get("lineage") or self.info.get("run_id") or LEGACY_LINE
 
     @property
     def position(self) -> TrainingPosition:

@@ -46,7 +46,7 @@ PART_SUFFIXES = {".keras": "file", ".pt": "file", ".ckpt": "folder"}
 
 def build_sidecar(*, run: str, run_id: str, sequence: int, file: str, position: TrainingPosition, reason: str,
                   metrics: Mapping[str, Any] | None = None, tunables: Mapping[str, float] | None = None,
-                  resume_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  resume_state: Mapping[str, Any] | None = None, lineage: str | None = None) -> dict[str, Any]:
     """The fields of a new sidecar (format 2), as `parse_sidecar` reads them.
 
     Args:
@@ -59,12 +59,15 @@ def build_sidecar(*, run: str, run_id: str, sequence: int, file: str, position: 
         metrics: The latest logs (non-finite values as null).
         tunables: The values steered so far (``set``, the NaN policy), if any.
         resume_state: What an exact resume needs besides the weights.
+        lineage: The ``run_id`` of the first run of the chain of resumes
+            this run continues (`Checkpoint.lineage`); None: `run_id`.
     """
     info = {
         "tool": TOOL,
         "format": SIDECAR_FORMAT,
         "run": run,
         "run_id": run_id,
+        "lineage": lineage or run_id,
         "sequence": sequence,
         "file": file,
         "size": 0,  # set once the model is written
@@ -194,8 +197,11 @@ def _tunables(value):
 #: Fields a sidecar may have (checked when present): ``resume_state``, the
 #: random state and data-order counts of `random_state` (version 2, or 1
 #: without the counts), and ``tunables``, the values a
-#: run was steered to (``set``, the NaN policy), both written since 0.2.
-_OPTIONAL_FIELDS = {"resume_state": _object, "tunables": _tunables}
+#: run was steered to (``set``, the NaN policy), both written since 0.2, and
+#: ``lineage``, the ``run_id`` of the first run of the chain of resumes the
+#: checkpoint's run continued (`Checkpoint.lineage`; a reader that does not
+#: know it drops it, so the format stays 2).
+_OPTIONAL_FIELDS = {"resume_state": _object, "tunables": _tunables, "lineage": _run_id}
 _FIELDS_BY_FORMAT = {
     1: {**_FIELDS, "format": _exactly(1), "run": _optional(_RUN_NAME)},
     2: {**_FIELDS, "format": _exactly(2), "tool": _exactly(TOOL), "run": _RUN_NAME, "run_id": _run_id},

@@ -10,9 +10,13 @@ Whose: the folder may hold other files too (``ModelCheckpoint`` output, a
 recognises its own checkpoints by their sidecar, never by a file name: the
 sidecar carries the tool's marker, its format, the run's name, the run
 instance's ``run_id``, the model file's name and its size (`read_sidecar`
-checks all of it, strictly). A run lists, prunes and resumes from the
-checkpoints of its own name only; nothing else in the folder is ever
-removed or renamed.
+checks all of it, strictly). A run lists and resumes from the
+checkpoints of its own name only, and removes only those of its own line:
+the checkpoints it wrote, and, once it resumed one (`restore_latest`),
+those of the runs it continues (`Checkpoint.lineage`). An earlier run of
+the same name that this run did not resume keeps its checkpoints (its
+``end`` checkpoint too); nothing else in the folder is ever removed or
+renamed.
 
 Writing: the commit protocol (`commit.Committer`): staged in a hidden
 folder, renamed into place with the sidecar last (the commit mark), the
@@ -60,7 +64,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..system.private_fs import exists_at
-from .commit import AUTOSAVE_REASON, Committer, retained
+from .commit import AUTOSAVE_REASON, Committer
 from .folder import LOCK_FILE, CheckpointFolder
 from .records import (
     Checkpoint,
@@ -85,9 +89,10 @@ class CheckpointStore:
     Args:
         directory: Folder of the checkpoints; created (mode 0700, and any
             missing parent too) when the store first takes it.
-        keep: How many of the run's newest checkpoints to keep. Defaults to 3.
-            Autosaves are kept apart, the newest `AUTOSAVES_KEPT` of them:
-            they never push out a checkpoint the user asked for.
+        keep: How many of the run's newest checkpoints to keep (of its own
+            line: see `lineage`). Defaults to 3. Autosaves are kept apart,
+            the newest `AUTOSAVES_KEPT` of them: they never push out a
+            checkpoint the user asked for.
         run: The run's name: the store lists, prunes and resumes from the
             checkpoints of this name only. Defaults to ``"run"``.
         run_id: The run instance's id, written in each sidecar (the run's
@@ -130,6 +135,8 @@ class CheckpointStore:
         self.keep = keep
         self._committer = Committer(self.folder, keep)
         self._known: list[Checkpoint] = []  # as of the last scan or save
+        self._line = self.folder.run_id  # the line it counts, prunes and writes: its own until it resumes
+        self._looked_for_resume = False
 
     # The folder -------------------------------------------------------------
 
@@ -203,6 +210,45 @@ class CheckpointStore:
         checkpoints = self.list()
         return checkpoints[-1] if checkpoints else None
 
+    # The run's line -----------------------------------------------------------
+
+    @property
+    def lineage(self) -> str:
+        """The line this run counts and prunes with `keep`, and writes in its
+        sidecars: its own `run_id` until it continues another checkpoint's
+        line (`continue_line`)."""
+        return self._line
+
+    @property
+    def looked_for_resume(self) -> bool:
+        """True once `restore_latest` ran, whatever it found."""
+        return self._looked_for_resume
+
+    def continue_line(self, checkpoint: Checkpoint) -> None:
+        """This run continues `checkpoint` (it resumed from it): from now on
+        it counts and prunes the checkpoints of `checkpoint`'s line (the
+        resumed run's and its ancestors'), and its own carry that line on,
+        so that resume after resume keeps `keep` of them, not all.
+
+        `restore_latest` calls it for the checkpoint it loads.
+
+        Raises:
+            ValueError: If `checkpoint` is another run's (its name), or of
+                another folder.
+        """
+        if checkpoint.run != self.run or checkpoint.path.parent != self.directory:
+            raise ValueError(f"Run {self.run!r} in {self.directory} cannot continue the line of "
+                             f"{checkpoint.path} (run {checkpoint.run!r}); expected one of its own checkpoints.")
+        self._line = checkpoint.lineage
+
+    def earlier(self) -> list[Checkpoint]:
+        """The complete checkpoints of this run's name that are not of its
+        line (earlier runs it did not resume), oldest first; they stay."""
+        return [checkpoint for checkpoint in self.list() if checkpoint.lineage != self._line]
+
+    def _of_line(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+        return [checkpoint for checkpoint in checkpoints if checkpoint.lineage == self._line]
+
     # Saving -----------------------------------------------------------------
 
     def save(
@@ -216,7 +262,7 @@ class CheckpointStore:
         resume_state: Mapping[str, Any] | None = None,
         tunables: Mapping[str, float] | None = None,
     ) -> Checkpoint:
-        """Writes a checkpoint atomically and prunes this run's old ones.
+        """Writes a checkpoint atomically and prunes this run's old ones (of its `lineage`).
 
         When this returns, the checkpoint is complete and listed; it is on
         disk for good (flushed) at once if `reason` ends the run (``stop``,
@@ -264,12 +310,13 @@ class CheckpointStore:
         try:
             found = scan(self.directory, folder.dir_fd)
             previous = found.of_run(self.run)
-            committer.flush_previous(previous, reason)
+            line = self._of_line(previous)
+            committer.flush_previous(line, reason)
             suffix = getattr(source, "suffix", ".keras")
             sequence, stem = self._free_name(found.top_sequence, position, suffix)
             info = build_sidecar(run=self.run, run_id=self.run_id, sequence=sequence, file=f"{stem}{suffix}",
                                  position=position, reason=reason, metrics=metrics, tunables=tunables,
-                                 resume_state=resume_state)
+                                 resume_state=resume_state, lineage=self._line)
             committer.write(source, info)
         except CheckpointDirError:
             raise
@@ -284,8 +331,8 @@ class CheckpointStore:
             if reason in _FLUSH_AT_ONCE:
                 committer.flush(checkpoint)
                 folder.phase("flushed")
-            committer.prune([*previous, checkpoint], found.broken)
-            self._known = retained(self._known, self.keep)[0]
+            doomed = committer.prune([*line, checkpoint], found.broken)
+            self._known = [known for known in self._known if known not in doomed]
             folder.phase("pruned")
         except OSError as error:
             raise CheckpointError(
@@ -310,7 +357,8 @@ class CheckpointStore:
 
     def restore_latest(self, load: Callable[[Checkpoint], None],
                        on_skip: Callable[[SkippedCheckpoint], None] | None = None) -> Restored:
-        """Loads this run's newest checkpoint that loads, with `load`.
+        """Loads this run's newest checkpoint that loads, with `load`, and
+        continues its line (`continue_line`).
 
         Newer ones that do not load (a corrupt model file, a model file left
         short, a sidecar that is not valid) are skipped and reported.
@@ -325,6 +373,7 @@ class CheckpointStore:
             The checkpoint loaded (or None) and the ones skipped.
         """
         skipped: list[SkippedCheckpoint] = []
+        self._looked_for_resume = True
 
         def skip(path: Path, reason: str) -> None:
             skipped.append(SkippedCheckpoint(path, reason))
@@ -346,5 +395,6 @@ class CheckpointStore:
             except CheckpointError as error:
                 skip(checkpoint.path, str(error))
                 continue
+            self.continue_line(checkpoint)
             return Restored(checkpoint, skipped)
         return Restored(None, skipped)

@@ -29,7 +29,7 @@ hand) has nothing to switch, and every hook runs where its caller runs it.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from ..system.frames import find_caller
 
@@ -48,20 +48,36 @@ class BatchDispatch:
         self._flags = (bool(getattr(callbacks, "_async_train", False)), bool(getattr(callbacks, "_async_test", False)))
         self.owner = threading.get_ident()
         self.held = False
+        self._hidden: list | None = None  # the whole list, while the rest of a stopped epoch runs without some
 
     @classmethod
     def find(cls) -> "BatchDispatch":
         """The dispatch of the `fit` whose ``on_train_begin`` calls the caller."""
-        from keras.callbacks import CallbackList
-
         frame = find_caller(lambda f: f.f_code.co_name == "on_train_begin"
-                            and isinstance(f.f_locals.get("self"), CallbackList), depth=2)
+                            and _is_callback_list(f.f_locals.get("self")), depth=2)
         return cls(frame.f_locals["self"] if frame is not None else None)
 
     @property
     def callbacks(self) -> list:
         """The `fit`'s callbacks (none if its `CallbackList` was not found)."""
+        if self._hidden is not None:
+            return list(self._hidden)
         return list(getattr(self._callbacks, "callbacks", None) or [])
+
+    def skip_epoch_end(self, keep: Callable[[Any], bool]) -> None:
+        """Training thread: until `show_all`, only the callbacks `keep`
+        accepts are called (the rest of an epoch a stop ended early: its
+        validation and its ``on_epoch_end``). Keras iterates over the list
+        it holds, so a list swapped while one hook runs is seen from the
+        next hook on."""
+        if self._callbacks is not None and self._hidden is None:
+            self._hidden = self._callbacks.callbacks
+            self._callbacks.callbacks = [callback for callback in self._hidden if keep(callback)]
+
+    def show_all(self) -> None:
+        """Every callback is called again (see `skip_epoch_end`). Idempotent."""
+        if self._hidden is not None:
+            self._callbacks.callbacks, self._hidden = self._hidden, None
 
     @property
     def asynchronous(self) -> bool:
@@ -97,6 +113,13 @@ class BatchDispatch:
 
     def restore(self) -> None:
         """Puts Keras's own dispatch back (the `fit` ends). Idempotent."""
+        self.show_all()
         if self._callbacks is not None:
             self.held = False
             self._callbacks._async_train, self._callbacks._async_test = self._flags
+
+
+def _is_callback_list(value: Any) -> bool:
+    """True for a Keras `CallbackList` (Keras 3's or Keras 2's, tf_keras)."""
+    return any(cls.__name__ == "CallbackList" and cls.__module__.startswith(("keras.", "tf_keras."))
+               for cls in type(value).__mro__)

@@ -37,12 +37,13 @@ from ..state import Keras2State, KerasState, is_keras2_model, random_state
 from ..system.frames import call_after_return
 from . import keras2, watchdog
 from .boundaries import Boundaries
+from .callback_states import KeptCallbacks, is_bookkeeping
 from .dispatch import BatchDispatch
 from .early_stop import stopping_callback
 from .resume.batch_skipper import rebuild_train_function
 from .resume.data_order import DataOrder
-from .resume.resumption import Resumption, resume_from_latest, resume_from_source
-from .resume.sources import ResumeSourceError, find_source
+from .resume.resumption import Resumption
+from .resume.start import start_resume
 from .watchdog import FitWatchdog
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class FitSession:
         self.keras2 = is_keras2_model(model)  # a tf_keras model: saved on this thread, resumed without the data order
         self.trained = Keras2State(model) if self.keras2 else KerasState(model)
         self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack
+        self.kept_callbacks = KeptCallbacks(lambda: self.dispatch.callbacks, callback, self._log,
+                                            epoch_end_pending=self._epoch_end_pending)
         self.boundaries: Boundaries | None = None
         self.actions: CommandActions | None = None
         self.steering: Steering | None = None
@@ -207,7 +210,7 @@ class FitSession:
         """This fit's checkpoints into `store`, on its steering's terms."""
         saves = SaveScheduler(self.trained, self.run, self.progress, self.say, background=background,
                               resume_state=None if self.keras2 else self._resume_state, store=store,
-                              autosave=autosave)
+                              autosave=autosave, attachments=self.kept_callbacks.attachments)
         saves.policy = self.steering
         return saves
 
@@ -224,28 +227,20 @@ class FitSession:
         if run.state == RunState.STARTING:
             run.move_to(RunState.RUNNING)
         if self.callback.owns_lifecycle:
-            self.say(run.listening_words())
+            self.say(run.listening_words(resuming=self.callback.resume_from is not None))
         if run.state == RunState.STOPPING:  # the run was stopped before this fit
             self.model.stop_training = True
         else:  # commands sent while no fit ran act before the first batch (a stop: after it)
             self.actions.apply_pending(mid_epoch=False, before_step=self.job is None)
 
     def _resume(self, store) -> None:
-        run, resume_from = self.run, self.callback.resume_from
-        if self.keras2:
-            if resume_from is not None:
-                raise ResumeSourceError(f"resume_from={str(resume_from)!r}: a Keras 2 (tf_keras) fit resumes only "
-                                        "its own run's checkpoints (resume=True).")
-            self.resumption = keras2.resume_from_latest(self.model, store, on_skip=self._report_skipped,
-                                                        data_order=self.data_order, on_skipped=self._skipped)
-        elif resume_from is not None:  # another run's checkpoints, or a file: found, or `fit` fails saying what was
-            self.resumption = resume_from_source(self.model, find_source(resume_from, store.directory),
-                                                 on_skip=self._report_skipped, data_order=self.data_order,
-                                                 on_skipped=self._skipped)
-        else:
-            self.resumption = resume_from_latest(self.model, store, on_skip=self._report_skipped,
-                                                 data_order=self.data_order, on_skipped=self._skipped)
+        run = self.run
+        self.resumption = start_resume(self.model, store, is_keras2=self.keras2, resume_from=self.callback.resume_from,
+                                       data_order=self.data_order, on_skip=self._report_skipped,
+                                       on_skipped=self._skipped)
         self._stack.callback(self.resumption.undo)
+        if self.resumption.resumed:  # the callbacks' states, given back once their on_train_begin has run
+            self.kept_callbacks.load(self.resumption.checkpoint.path)
         if self.resumption.skipping:  # until then, a checkpoint is of the resumed one's weights and position
             self.progress.pinned = self.resumption.checkpoint.position
         self.progress.epoch = self.resumption.epoch
@@ -260,14 +255,18 @@ class FitSession:
         self.progress.pinned = None
 
     def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
-        message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
-        self.run.journal.log("warning", message)
-        self.say(message, stream=sys.stderr)
+        self._log("warning", f"Resume skipped {skipped.path.name}: {skipped.reason}")
 
     # At boundaries ---------------------------------------------------------------
 
     def _end_fit(self) -> None:
+        """A command ends the fit at this boundary. In the middle of an epoch,
+        Keras still runs the epoch's validation and end: the user's callbacks
+        do not see that partial epoch (a `ModelCheckpoint` would save it, an
+        `EarlyStopping` count it), only Keras's record and this package's."""
         self.model.stop_training = True
+        if self.progress.mid_epoch and not self.progress.epoch_is_over:
+            self.dispatch.skip_epoch_end(lambda callback: callback is self.callback or is_bookkeeping(callback))
 
     def _resume_state(self, position: TrainingPosition) -> Mapping[str, Any]:
         """What a checkpoint at `position` keeps for an exact resume (`random_state`);
@@ -283,6 +282,13 @@ class FitSession:
                                          epoch=progress.epoch, in_validation=progress.in_validation)
         return random_state.capture(self.model, position.resume_epoch, started, data)
 
+    def _epoch_end_pending(self) -> int | None:
+        """The epoch whose batches are all trained and whose end has not run (a
+        boundary after its last batch, or in its validation), or None."""
+        progress = self.progress
+        after_last_batch = progress.in_validation or progress.mid_epoch and progress.epoch_is_over
+        return progress.epoch if after_last_batch and progress.pinned is None else None
+
     def epoch_began(self, epoch: int) -> None:
         """``on_epoch_begin``: the counters, and what orders this epoch's data."""
         progress = self.progress
@@ -293,11 +299,13 @@ class FitSession:
         self.random_at_epoch_start = random_state.capture_epoch_start()
         if self.data_order is not None:
             self.data_order.epoch_began()
+        self.kept_callbacks.give_back()
 
     def epoch_ended(self, epoch: int, logs: dict | None) -> None:
         """``on_epoch_end``: the epoch's logs (with the steered values) into the history."""
         progress = self.progress
         progress.in_validation = False
+        self.dispatch.show_all()  # on_train_end reaches every callback
         if progress.steps is None and not progress.stopped_mid_epoch:
             progress.steps = progress.step  # learned from the first full epoch
         if logs is not None:
@@ -452,6 +460,11 @@ class FitSession:
     def closed(self) -> bool:
         """True once `close` began."""
         return self._closing
+
+    def _log(self, level: str, message: str) -> None:
+        """One line in the run's log, said to the user too."""
+        self.run.journal.log(level, message)
+        self.say(message, stream=sys.stderr if level == "warning" else None)
 
     def say(self, message: str, stream=None) -> None:
         """One line for the user, unless the callback is quiet."""

@@ -109,7 +109,8 @@ class FitSpan:
             span._safeguards = Safeguards(run, None, callback.note_interrupt, "batch", sigint=False, sigterm=True,
                                           sigterm_grace=callback.sigterm_grace)
             span._safeguards.open(span._guards)
-        say(run.listening_words(), verbose=callback.verbose)
+        resuming = callback.resume or callback.resume_from is not None  # its first fit resumes
+        say(run.listening_words(resuming=resuming), verbose=callback.verbose)
         return span
 
     def fit_begins(self) -> None:

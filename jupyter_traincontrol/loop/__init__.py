@@ -4,5 +4,9 @@
 - `session`: `LoopSession`, the parts of one loop and its boundaries.
 - `states`: what a loop's checkpoints hold (a Keras model, PyTorch state
   dicts, the user's own save and load), and what ``set`` may change.
+- `stateless`: a loop that keeps its state outside the model (``sync=``):
+  ``reload=``, or ``set`` and ``rollback`` refused.
+- `data_sources`: what orders the items `batches` is given (a `tf.data`
+  dataset's iterators, a ``DataLoader``'s generators), kept for a resume.
 - `host`: a notebook cell hosting the loops of its thread.
 """

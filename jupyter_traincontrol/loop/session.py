@@ -27,6 +27,8 @@ from ..protocol import Command, RunState, end_reason
 from ..run.voice import say
 from ..state import random_state
 from ..system.signals import on_main_thread
+from .data_sources import DataSources
+from .stateless import StatelessSteering
 
 __all__ = ["LoopSession"]
 
@@ -59,7 +61,10 @@ class LoopSession:
         self.safeguards: Safeguards | None = None
         self.resumed: Checkpoint | None = None
         self.skip = 0  # items of the resumed epoch already trained
-        self.random_at_epoch_start: random_state.EpochStart | None = None
+        self.random_at_epoch_start: random_state.EpochStart | random_state.KeptEpochStart | None = None
+        self.data = DataSources()  # what orders the items batches() is given, besides the global random state
+        self._restoring: set[str] = set()  # what of the resumed epoch is still to restore: "random", "data"
+        self._inexact: set[str] = set()  # what the resume said it could not restore (each once)
         self.final_state = RunState.FAILED
         self.error: str | None = None
         self.ended = False  # a stop or abort ended the loop
@@ -92,7 +97,9 @@ class LoopSession:
         background = settings.save_in_background and getattr(self.trained, "snapshots", False)
         saves = SaveScheduler(self.trained, run, progress, self.say, background=background,
                               resume_state=self._resume_state, autosave=settings.autosave)
-        steering = Steering(self.trained, self.tunables, run, progress, self.say)
+        refused = getattr(self.trained, "steering_refused", None)
+        steering = (StatelessSteering(refused, self.trained, self.tunables, run, progress, self.say) if refused
+                    else Steering(self.trained, self.tunables, run, progress, self.say))
         steering.wait_for_saves = saves.wait_for_writes
         saves.policy = steering
         self.actions = CommandActions(self.trained, run, run.channel, progress, saves, self._end, self.say, steering)
@@ -130,6 +137,9 @@ class LoopSession:
         else:
             position = checkpoint.position
             self.resumed = checkpoint
+            self._restoring = {"random", "data"}
+            resume_state = checkpoint.info.get("resume_state")
+            self.data.resume(resume_state.get("data") if isinstance(resume_state, dict) else None)
             self.progress.epoch, self.skip = position.resume_epoch, position.resume_step
             self.global_step = position.global_step or 0
             self.progress.global_step = self.trained.step()
@@ -159,29 +169,49 @@ class LoopSession:
     def _resume_state(self, position: TrainingPosition) -> Mapping[str, Any] | None:
         if self.progress.pinned is not None:
             return self.resumed.info.get("resume_state")
-        started = self.random_at_epoch_start if position.resume_epoch == self.progress.epoch else None
-        return random_state.capture(getattr(self.settings, "model", None), position.resume_epoch, started)
+        in_progress = position.resume_epoch == self.progress.epoch
+        started = self.random_at_epoch_start if in_progress else None
+        return random_state.capture(self._model(), position.resume_epoch, started,
+                                    self.data.state(epoch_in_progress=in_progress))
+
+    def _model(self):
+        return getattr(self.settings, "model", None)
 
     def epoch_began(self, epoch: int, steps: int | None) -> None:
-        """An epoch begins: the counters, its random state, and waiting commands."""
+        """An epoch begins, before any line of its body: the counters, its
+        random state (a resumed epoch's: the interrupted run's as it began),
+        and waiting commands."""
         progress = self.progress
         progress.epoch, progress.step, progress.steps = epoch, 0, steps if steps is not None else progress.steps
         progress.stopped_mid_epoch, progress.epoch_begun = False, True
         progress.version += 1
         self._logged = {}
-        self.random_at_epoch_start = random_state.capture_epoch_start()
+        self.data.epoch_began()
+        if "random" in self._restoring:
+            self._restoring.discard("random")
+            self.random_at_epoch_start = self._restore_epoch_start(epoch)
+        else:
+            self.random_at_epoch_start = random_state.capture_epoch_start()
         self.actions.apply_pending(mid_epoch=False)
 
-    def data_began(self) -> None:
-        """Before the first item of an epoch is drawn: a resumed epoch's data
-        order is the interrupted run's (its random state as it began)."""
-        if self.resumed is not None and self.progress.epoch == self.resumed.position.resume_epoch:
-            reason = random_state.restore(getattr(self.settings, "model", None), self.resumed.info.get("resume_state"),
-                                          self.progress.epoch)
-            if reason is not None:
-                self.run.journal.log("warning", f"Resume is not exact: {reason}.")
+    def _restore_epoch_start(self, epoch: int):
+        """Puts back the random state the resumed epoch began with; returns
+        it, as its later checkpoints keep it (the interrupted run's start)."""
+        state = self.resumed.info.get("resume_state")
+        self._not_exact(random_state.restore_epoch_start(state, epoch))
+        if not self.skip:  # the checkpoint's generators are of its boundary: here, the epoch's start
+            self._not_exact(random_state.restore_seed_generators(self._model(), state))
+        return random_state.kept_epoch_start(state, epoch) or random_state.capture_epoch_start()
+
+    def data_began(self, items: Any) -> None:
+        """`batches` is about to open an iterator of `items`: counted, and in
+        a resumed epoch, its own order put back as the interrupted run had it."""
+        if "data" in self._restoring:
+            self._restoring.discard("data")
+            self._not_exact(self.data.restore(items))
             if self.skip:
                 self.progress.pinned = self.resumed.position  # a checkpoint now is of the resumed one's state
+        self.data.opening(items)
 
     def item_skipped(self, done: bool) -> None:
         """An item the resumed checkpoint already trained was drawn (not yielded)."""
@@ -190,9 +220,19 @@ class LoopSession:
         if done:
             self.skip = 0
             progress.pinned = None
-            random_state.restore_now(self.resumed.info.get("resume_state"))
+            state = self.resumed.info.get("resume_state")
+            random_state.restore_now(state)
+            self._not_exact(random_state.restore_seed_generators(self._model(), state))
         if self.actions.pending:
             self.actions.apply_pending(mid_epoch=True)
+
+    def _not_exact(self, reason: str | None) -> None:
+        """Says, once, what the resume could not restore."""
+        if reason is not None and reason not in self._inexact:
+            self._inexact.add(reason)
+            message = f"Resume is not exact: {reason}."
+            self.run.journal.log("warning", message)
+            self.say(message, stream=sys.stderr)
 
     def item_done(self) -> None:
         """The boundary after an item the loop's body trained on."""

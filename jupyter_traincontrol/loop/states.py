@@ -4,6 +4,8 @@ One of: ``model=`` (a Keras model, `state.KerasState`), ``state=``
 (PyTorch objects, `state.TorchState`), ``save=``/``load=`` (the user's
 functions, `state.CallableState`), or nothing (then ``save`` and ``stop``
 answer that there is nothing to checkpoint, and the other commands work).
+With ``sync=`` (state the loop keeps outside the model), `stateless`
+says what ``set`` and ``rollback`` can reach.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..checkpoint import Checkpoint, CheckpointError
 from ..state import KerasState
 from ..state.callable_state import CallableState
 from ..state.torch_state import TorchState
+from .stateless import ReloadingTunables, SyncedState
 
 __all__ = ["build_state", "NoState"]
 
@@ -56,40 +59,6 @@ class NoState:
         raise CheckpointError(f"Cannot load {checkpoint.path.name}: {self._why}.")
 
 
-class _Synced:
-    """A state whose values the user keeps elsewhere: `sync` writes them back first."""
-
-    def __init__(self, inner, sync: Callable[[], None]):
-        self._inner = inner
-        self._user_sync = sync
-        self.suffix, self.snapshots = inner.suffix, inner.snapshots
-
-    def sync(self) -> None:
-        self._user_sync()
-        self._inner.sync()
-
-    def step(self):
-        return self._inner.step()
-
-    def step_later(self, snapshot: Any = None):
-        return self._inner.step_later(snapshot)
-
-    def snapshot(self, buffers: Any = None):
-        return self._inner.snapshot(buffers)
-
-    def views(self):
-        return self._inner.views()
-
-    def live(self):
-        return self._inner.live()
-
-    def all_finite(self) -> bool:
-        return self._inner.all_finite()
-
-    def restore(self, checkpoint: Checkpoint) -> None:
-        self._inner.restore(checkpoint)
-
-
 def _keras(model, optimizer, tunables, step):
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     if optimizer is not None and getattr(model, "optimizer", None) is not optimizer:
@@ -115,7 +84,7 @@ def _torch(state, tunables, step):
 def build_state(*, model=None, optimizer=None, state: Mapping[str, Any] | None = None,
                 save: Callable[[Path], Any] | None = None, load: Callable[[Path], Any] | None = None,
                 tunables: Mapping[str, Any] | None = None, sync: Callable[[], None] | None = None,
-                step: Callable[[], int | None]):
+                reload: Callable[[], None] | None = None, step: Callable[[], int | None]):
     """The checkpointed state and the tunables of a loop's arguments.
 
     Raises:
@@ -130,6 +99,9 @@ def build_state(*, model=None, optimizer=None, state: Mapping[str, Any] | None =
         raise ValueError("optimizer= is the Keras optimizer of model=; give model= too (a PyTorch optimizer goes in state=).")
     if sync is not None and not callable(sync):
         raise ValueError(f"sync= must be a function, got {type(sync).__name__}.")
+    if reload is not None and (sync is None or not callable(reload)):
+        raise ValueError(f"reload= goes with sync=: a function that reads the model's variables back into the state "
+                         f"sync= writes; got reload={type(reload).__name__} and sync={type(sync).__name__}.")
     if model is not None:
         trained, steerable = _keras(model, optimizer, tunables, step)
     elif state is not None:
@@ -139,7 +111,9 @@ def build_state(*, model=None, optimizer=None, state: Mapping[str, Any] | None =
     else:
         trained, steerable = NoState(step), _user_tunables(tunables)
     if sync is not None:
-        trained = _Synced(trained, sync)
+        trained = SyncedState(trained, sync, reload)
+    if reload is not None:
+        steerable = ReloadingTunables(steerable, reload)
     return trained, steerable
 
 

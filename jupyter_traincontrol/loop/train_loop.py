@@ -16,8 +16,10 @@ crash-safe checkpoints. What a checkpoint holds is one of ``model=`` (a
 Keras model and ``optimizer=``: a ``.keras`` file), ``state=`` (objects with
 ``state_dict``/``load_state_dict``: a ``.pt`` file), or ``save=``/``load=``
 (the user's functions, given the checkpoint's folder). ``resume=True``
-loads the newest checkpoint and continues at the very next item:
-`batches` draws, without yielding, the items of the epoch already trained.
+loads the newest checkpoint and continues at the very next item: the
+epoch's random state is put back as it began, its data's own order
+(`data_sources`) as `batches` opens it, and `batches` draws, without
+yielding, the items of the epoch already trained.
 
 A stop ends both loops after the item in flight (and its checkpoint); the
 ``with`` block goes on. An exception in the body ends the run ``failed``
@@ -87,6 +89,11 @@ class TrainLoop:
         sync: Called at each boundary where a command acts, before the state
             is read: for state kept outside `model`'s variables (write it
             back there). Defaults to none.
+        reload: With `sync`: reads `model`'s variables back into the state
+            the loop trains, called after the tool changed them (a resume,
+            a rollback, a ``set``). Without it, a loop with `sync` refuses
+            ``set`` and ``rollback`` (they could not reach that state).
+            Defaults to none.
 
     Raises:
         ValueError: For settings that do not fit together (two kinds of
@@ -99,7 +106,8 @@ class TrainLoop:
                  tunables: Mapping[str, Any] | None = None, on_nan: str = "stop", handle_sigint: bool = True,
                  verbose: bool = True, nan_rollbacks: int = DEFAULT_MAX_ROLLBACKS, save_in_background: bool = True,
                  save_at_end: bool = True, sync: Callable[[], None] | None = None, handle_sigterm: bool = True,
-                 sigterm_grace: float = DEFAULT_SIGTERM_GRACE, autosave: float | None = DEFAULT_AUTOSAVE_SECONDS):
+                 sigterm_grace: float = DEFAULT_SIGTERM_GRACE, autosave: float | None = DEFAULT_AUTOSAVE_SECONDS,
+                 reload: Callable[[], None] | None = None):
         self.on_nan = check_policy(on_nan, nan_rollbacks)
         self.autosave = check_autosave(autosave)
         self.handle_sigterm = handle_sigterm
@@ -112,7 +120,7 @@ class TrainLoop:
         self.save_at_end = bool(save_at_end)
         self.model = model
         self._parts = dict(model=model, optimizer=optimizer, state=state, save=save, load=load, tunables=tunables,
-                           sync=sync)
+                           sync=sync, reload=reload)
         build_state(**self._parts, step=lambda: 0)  # checks the settings now, not on entry
         self._requested = (name, checkpoint_dir, keep)
         RunLifecycle(name, checkpoint_dir, keep)  # checks name and keep now
@@ -202,7 +210,7 @@ class TrainLoop:
         size = len(items) if hasattr(items, "__len__") else None
         if size is not None and session.progress.steps is None:
             session.progress.steps = size
-        session.data_began()
+        session.data_began(items)
         iterator = iter(items)
         skip = session.skip if session.progress.step == 0 else 0
         for index in range(skip):

@@ -7,6 +7,7 @@
 - `output`: what that thread prints goes to the run, not to the current cell.
 - `panel`: the ipywidgets panel; `chart_svg` its loss chart; `panel_text` its
   words and numbers (written as the JupyterLab side panel writes them).
+- `widget_compat`: what differs between ipywidgets 7.7 (Colab) and 8, for the panel.
 - `output_mime`: the mime type by which a cell's output names its run, for
   the JupyterLab extension once the widgets are gone (a kernel restart).
 - `text_reporter`: the panel's stand-in outside a notebook front end.

@@ -1,10 +1,11 @@
 """See kernel interrupts whether the kernel is idle or busy, without breaking either.
 
-How ipykernel handles SIGINT (checked on 6.31, 7.3, 7.4): at start it sets
-SIGINT to ``SIG_IGN``, so interrupting an idle kernel does nothing at all;
-around each shell message its ``pre_handler_hook`` installs Python's
-``default_int_handler`` (a busy cell gets ``KeyboardInterrupt``) and its
-``post_handler_hook`` puts the saved handler back.
+How ipykernel handles SIGINT (checked on 6.17.1, Colab's, and on 6.31, 7.3
+and 7.4): at start it sets SIGINT to ``SIG_IGN``, so interrupting an idle
+kernel does nothing at all; around each shell message its
+``pre_handler_hook`` installs Python's ``default_int_handler`` (a busy cell
+gets ``KeyboardInterrupt``) and its ``post_handler_hook`` puts the saved
+handler back.
 
 `KernelInterruptWatcher` adds, without taking anything away:
 

@@ -11,6 +11,9 @@ most `refresh_rate` times a second and only sends what changed, so the
 browser is never flooded however fast the batches are. A click's notice
 shows for a few seconds, the last two at most.
 
+It works with ipywidgets 7.7 (Colab's) and 8: it uses only what both
+have, and `widget_compat` for the two things that differ.
+
 Outside a notebook front end (a plain IPython terminal) `text_reporter`
 prints one line per state change and checkpoint instead; the chart is
 `chart_svg`, the words and numbers `panel_text`.
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 from ..protocol import COMMAND_HELP, FINAL_STATES, Command, UnknownCommandError, allowed_commands, parse_request
 from .chart_svg import loss_chart_svg
 from .panel_text import bar_label_html, clock_text, log_html, metrics_html, number_text, outcome_html, path_html
+from .widget_compat import set_tooltip
 
 if TYPE_CHECKING:  # the panel reads the run; the run never imports the panel
     from .run import TrainingRun
@@ -49,7 +53,7 @@ _CONFIRMS = {
     "abort": ("Confirm abort", "Abort: click 'Confirm abort' to end training without a checkpoint "
                                "(Stop writes one first)."),
     "rollback": ("Confirm rollback", "Rollback: click 'Confirm rollback' to load the newest checkpoint into the model "
-                                     "(the learning rate stays as it is now)."),
+                                     "(a learning rate you set stays; otherwise the checkpoint's comes back)."),
 }
 #: How long a click's notice shows, and how many show at once.
 NOTE_SECONDS = 10.0
@@ -123,9 +127,9 @@ class ControlPanel:
         # The learning rate, editable: Enter sends `set lr=VALUE`.
         self.learning_rate = widgets.Text(
             description="lr", placeholder="learning rate", continuous_update=False,
-            tooltip="The learning rate; type a new one and press Enter to set it at the next batch",
             layout=widgets.Layout(width="9em"), style={"description_width": "1.6em"},
         )
+        set_tooltip(self.learning_rate, "The learning rate; type a new one and press Enter to set it at the next batch")
         self.learning_rate._dom_classes = (
             "traincontrol-field", "traincontrol-command-set", "traincontrol-tunable-learning_rate",
         )

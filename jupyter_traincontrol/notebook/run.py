@@ -34,6 +34,7 @@ from .drivers import CellDrivers
 from .fit_hook import FitInterceptor, intercept_fit
 from .output import OutputBuffer, route_thread_output
 from .output_mime import with_run_reference
+from .widget_compat import view_bundle
 
 __all__ = ["TrainingRun", "RunView", "active_runs", "all_runs"]
 
@@ -385,9 +386,8 @@ class TrainingRun(FitInterceptor):
         printer.text(self.summary())
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        widget = getattr(self.panel, "widget", None)
-        bundle = widget._repr_mimebundle_(include=include, exclude=exclude) if widget is not None else {}
-        bundle = dict(bundle or {})
+        widget = getattr(self.panel, "widget", None)  # the panel's (a text reporter has none)
+        bundle = view_bundle(widget) if widget is not None else {}  # ipywidgets 7.7 or 8
         bundle["text/plain"] = self.summary()
         return with_run_reference(bundle, self.lifecycle, include, exclude)  # for when the widgets are gone
 

@@ -45,7 +45,7 @@ from .publisher import PUBLISH_INTERVAL_SECONDS, Publisher
 from .record import RecordFields, build_record
 from .state_machine import StateMachine
 
-__all__ = ["RunLifecycle", "RunEvent"]
+__all__ = ["RunLifecycle", "RunEvent", "earlier_run_words"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
@@ -304,10 +304,28 @@ class RunLifecycle:
         channel = self.channel
         return channel.address if channel is not None else None
 
-    def listening_words(self) -> str:
-        """One line for the user: the run listens, and how to stop it."""
-        return (f"Run {self.name!r} is listening: `jupyter-traincontrol send {self.name} stop` or "
-                f"`echo stop > {self.address}`.")
+    def listening_words(self, resuming: bool = False) -> str:
+        """One line for the user: the run listens, and how to stop it.
+
+        A fresh run whose folder holds checkpoints of an earlier run of its
+        name says first what it found, and logs it in the journal: they
+        stay (`CheckpointStore.earlier`), and a resume would continue them.
+
+        Args:
+            resuming: The run resumes, or is about to (a with block's first
+                fit): nothing is said of earlier checkpoints. A run whose
+                store looked for a checkpoint to resume says nothing either.
+        """
+        listening = (f"Run {self.name!r} is listening: `jupyter-traincontrol send {self.name} stop` or "
+                     f"`echo stop > {self.address}`.")
+        store = self.store
+        if resuming or store is None or store.looked_for_resume:
+            return listening
+        earlier = earlier_run_words(store.directory, store.earlier())
+        if earlier is None:
+            return listening
+        self.journal.log("info", earlier)
+        return f"{earlier} {listening}"
 
     def record(self) -> dict[str, Any]:
         """The run's record as published (without the registry's fields)."""
@@ -402,6 +420,22 @@ class RunLifecycle:
             channel.inject(request)
             self.journal.log("warning", f"Delivered {request} directly: {error}")
         return request
+
+
+def earlier_run_words(directory: Path, earlier: list[Checkpoint]) -> str | None:
+    """What a fresh run says of the `earlier` checkpoints of its name in
+    `directory` (oldest first), or None for none: ``checkpoints/quickstart
+    holds 3 checkpoints of an earlier run (newest ckpt-...keras, end): they
+    stay; ...``."""
+    if not earlier:
+        return None
+    runs = len({checkpoint.lineage for checkpoint in earlier})
+    newest = earlier[-1]
+    shown = os.path.relpath(directory) if directory.is_relative_to(Path.cwd()) else str(directory)
+    return (f"{shown} holds {len(earlier)} checkpoint{'s' if len(earlier) > 1 else ''} of "
+            f"{'an earlier run' if runs == 1 else f'{runs} earlier runs'} of this name (newest "
+            f"{newest.path.name}, {newest.info.get('reason')}): they stay, and this run starts afresh; "
+            "to continue from the newest instead, resume: --resume, or resume=True.")
 
 
 def _default_end_reason(state: RunState) -> str:

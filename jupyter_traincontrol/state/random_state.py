@@ -23,9 +23,18 @@ Version 1 of the field: ``{"version": 1, "epoch": E, "epoch_start":
 is missing, of another version or malformed makes the resume inexact, and
 the resume says so.
 
-What is not covered: a `tf.data` pipeline's own shuffle state (it depends on
-how many iterators of it were opened), an unseeded shuffle, a plain Python
-generator, and random state that user code keeps elsewhere.
+What is not covered here: a `tf.data` pipeline's own shuffle state (it
+depends on how many iterators of it were opened) and a torch loader's own
+generator, which the drivers keep (`fit.resume.data_order`,
+`loop.data_sources`); an unseeded shuffle, a plain Python generator, and
+random state that user code keeps elsewhere.
+
+A custom loop restores the parts at their own moments: the global states
+of the epoch's start before the epoch's first line
+(`restore_epoch_start`), the seed generators and the global states of
+the checkpoint's boundary once the items already trained are drawn
+(`restore_seed_generators`, `restore_now`); `fit` restores both at once
+(`restore`).
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ from typing import Any
 
 from .frozen import Late
 
-__all__ = ["RESUME_STATE_VERSION", "CapturedState", "EpochStart", "capture_epoch_start", "capture", "restore", "restore_now"]
+__all__ = ["RESUME_STATE_VERSION", "CapturedState", "EpochStart", "KeptEpochStart", "capture_epoch_start", "capture",
+           "kept_epoch_start", "restore", "restore_epoch_start", "restore_now", "restore_seed_generators"]
 
 RESUME_STATE_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
@@ -73,9 +83,32 @@ class EpochStart:
         return state
 
 
+class KeptEpochStart:
+    """An epoch's start state as a checkpoint holds it (``resume_state["epoch_start"]``):
+    what a resumed epoch's later checkpoints keep as its start."""
+
+    __slots__ = ("_packed",)
+
+    def __init__(self, packed: dict[str, Any]):
+        self._packed = packed
+
+    def packed(self) -> dict[str, Any]:
+        """The states as ``resume_state`` holds them (as read from the checkpoint)."""
+        return self._packed
+
+
 def capture_epoch_start() -> EpochStart:
     """The global random states as an epoch begins (cheap: see `EpochStart`)."""
     return EpochStart()
+
+
+def kept_epoch_start(state: Any, epoch: int) -> KeptEpochStart | None:
+    """The start state of `epoch` that a checkpoint's ``resume_state`` holds,
+    or None if it holds none for that epoch (an older or malformed one)."""
+    if not isinstance(state, Mapping) or state.get("version") not in _READABLE_VERSIONS or state.get("epoch") != epoch:
+        return None
+    epoch_start = state.get("epoch_start")
+    return KeptEpochStart(epoch_start) if isinstance(epoch_start, dict) else None
 
 
 def capture(model, epoch: int, epoch_start: "EpochStart | None",
@@ -142,14 +175,26 @@ class CapturedState(Mapping):
 
 
 def restore(model, state: Any, epoch: int) -> str | None:
-    """Puts back the random state of a checkpoint for a resume at `epoch`.
+    """Puts back the random state of a checkpoint for a resume at `epoch`:
+    its seed generators (`restore_seed_generators`), then the global states
+    of the epoch's start (`restore_epoch_start`).
 
     Returns:
         None if everything was restored, else one sentence saying what was
         not (and so what may differ from an uninterrupted run).
     """
-    if not isinstance(state, dict) or state.get("version") not in _READABLE_VERSIONS:
-        return "the checkpoint holds no random state (an older one): shuffling and dropout may differ from an uninterrupted run"
+    return restore_seed_generators(model, state) or restore_epoch_start(state, epoch)
+
+
+def restore_seed_generators(model, state: Any) -> str | None:
+    """Puts back the Keras seed generators (the model's, the global one) as
+    they were at the checkpoint's boundary.
+
+    Returns:
+        None, or one sentence saying what was not restored.
+    """
+    if not _readable(state):
+        return _NO_STATE
     try:
         generators = state["seed_generators"]
         model_generators = _seed_generators(model) if model is not None else []
@@ -162,13 +207,36 @@ def restore(model, state: Any, epoch: int) -> str | None:
 
             sg = global_seed_generator()
             sg.state.assign(_as_state(generators["global"], sg.state))
-        epoch_start = state.get("epoch_start")
-        if state.get("epoch") != epoch or not isinstance(epoch_start, dict):
-            return "the checkpoint holds no random state for this epoch's start: its data order may differ"
+    except (KeyError, TypeError, ValueError) as error:
+        return f"the checkpoint's random state could not be restored ({error}): the data order may differ"
+    return None
+
+
+def restore_epoch_start(state: Any, epoch: int) -> str | None:
+    """Puts back the global random states (Python, NumPy, torch) as they
+    were when `epoch` began, before its first line ran.
+
+    Returns:
+        None, or one sentence saying what was not restored.
+    """
+    if not _readable(state):
+        return _NO_STATE
+    epoch_start = state.get("epoch_start")
+    if state.get("epoch") != epoch or not isinstance(epoch_start, dict):
+        return "the checkpoint holds no random state for this epoch's start: its data order may differ"
+    try:
         _restore_epoch_start(epoch_start)
     except (KeyError, TypeError, ValueError) as error:
         return f"the checkpoint's random state could not be restored ({error}): the data order may differ"
     return None
+
+
+_NO_STATE = ("the checkpoint holds no random state (an older one): shuffling and dropout may differ from an "
+             "uninterrupted run")
+
+
+def _readable(state: Any) -> bool:
+    return isinstance(state, dict) and state.get("version") in _READABLE_VERSIONS
 
 
 def restore_now(state: Any) -> None:

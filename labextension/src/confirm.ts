@@ -19,7 +19,7 @@ const QUESTIONS: { [command: string]: { title: string; body: string; label: stri
     body:
       'The newest checkpoint is loaded into the live model and optimizer, and ' +
       'training goes on from there: what was learnt since it is undone. ' +
-      'The learning rate stays as it is now.',
+      "A learning rate you set stays; otherwise the checkpoint's comes back.",
     label: 'Roll back'
   }
 };

@@ -2,7 +2,7 @@
 
 Kinds: ``tape`` (a Keras model trained with `tf.GradientTape`, ``model=``),
 ``keras-jax`` (a Keras model's stateless API in a jitted JAX step, written
-back with ``sync=``), ``jax`` (a plain pytree, ``save=``/``load=``), and
+back with ``sync=`` and read again with ``reload=``), ``jax`` (a plain pytree, ``save=``/``load=``), and
 ``torch`` (a PyTorch module, optimizer and scheduler, ``state=``). Every
 kind trains 8 items an epoch on the same deterministic data, so two runs
 of a kind compare bit for bit.
@@ -91,7 +91,7 @@ def keras_jax_kind():
         for variable, value in zip(optimizer.variables, state["optimizer"]):
             variable.assign(value)
 
-    def reload():  # after a resume restored the variables: the pytrees from them
+    def reload():  # after the tool changed the variables (a resume, a rollback, a set): the pytrees from them
         state.update(trainable=[v.value for v in model.trainable_variables],
                      non_trainable=[v.value for v in model.non_trainable_variables],
                      optimizer=[v.value for v in optimizer.variables])
@@ -99,7 +99,7 @@ def keras_jax_kind():
     def arrays():
         return [np.asarray(v) for key in ("trainable", "non_trainable", "optimizer") for v in state[key]]
 
-    return dict(model=model, optimizer=optimizer, sync=sync, _after_enter=reload), train, arrays
+    return dict(model=model, optimizer=optimizer, sync=sync, reload=reload), train, arrays
 
 
 def jax_kind():
@@ -185,13 +185,11 @@ def main(argv=None) -> None:
     from jupyter_traincontrol import TrainLoop
 
     parts, train, arrays = KINDS[args.kind]()
-    after_enter, epoch_end = parts.pop("_after_enter", None), parts.pop("_epoch_end", None)
+    epoch_end = parts.pop("_epoch_end", None)
     x, y = _data()
     trained = []
     pause_at = [int(part) for part in args.pause_at.split(":")] if args.pause_at else None
     with TrainLoop(name=args.name, checkpoint_dir=args.checkpoint_dir, resume=args.resume, **parts) as loop:
-        if after_enter is not None:
-            after_enter()
         _dump(args.dump_start, arrays)
         print("READY", loop.name, loop.fifo, flush=True)
         for epoch in loop.epochs(args.epochs):

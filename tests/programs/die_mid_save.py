@@ -2,6 +2,9 @@
 
 Usage: python die_mid_save.py FOLDER SOURCE_KERAS_FILE PHASE [RUN]
 
+The run resumes first (it loads nothing), so it continues the line of the
+folder's newest checkpoint of its name, and its save prunes that line.
+
 The model is a stand-in that writes the bytes of SOURCE_KERAS_FILE (no
 TensorFlow needed).
 """
@@ -38,5 +41,6 @@ if __name__ == "__main__":
     folder, source, phase = sys.argv[1:4]
     run = sys.argv[4] if len(sys.argv) > 4 else None
     store = CheckpointStore(folder, keep=1, run=run, on_phase=die_after(phase))
+    store.restore_latest(lambda checkpoint: None)  # a resumed run: its save prunes the line it continues
     store.save(FileCopyModel(source), TrainingPosition(epoch=0, step_in_epoch=1), reason="save")
     sys.exit(f"phase {phase!r} was never reached")

@@ -11,6 +11,9 @@ kill the child SIGKILLs itself when it completes the k-th time the chosen
 phase (``model-write``: the k-th chunk written). A timed kill comes from the
 server after a given delay. The phase last completed and the last sequence
 saved are shared through an anonymous mmap, so they survive the kill.
+Each child, and a clean save, resumes first (it loads nothing), as the next
+process of a killed run does: it continues the line of the newest
+checkpoint, so its saves prune that line to ``keep``.
 
 Commands (one line each; the reply is one line):
 
@@ -69,6 +72,7 @@ def life(directory: str, data: bytes, kill_phase: str | None, kill_at: int) -> N
             os.kill(os.getpid(), signal.SIGKILL)
 
     store = CheckpointStore(directory, keep=2, on_phase=reached)
+    store.restore_latest(lambda checkpoint: None)  # the killed run's next process resumes: one line, pruned
     writer = CheckpointWriter(store, "saver")
     model = StandInModel(data, on_chunk=lambda: reached("model-write"))
     for step in range(1, MAX_SAVES + 1):
@@ -116,7 +120,9 @@ def serve() -> None:
                 CheckpointStore(rest[0], keep=2).save(StandInModel(data), TrainingPosition(0, step), reason="save")
             answer((time.perf_counter() - begin) / 3)
         elif command == "CLEAN":  # one undisturbed save
-            checkpoint = CheckpointStore(directory, keep=2).save(StandInModel(data), TrainingPosition(1, 0), reason="save")
+            store = CheckpointStore(directory, keep=2)
+            store.restore_latest(lambda checkpoint: None)  # continues the killed runs' line
+            checkpoint = store.save(StandInModel(data), TrainingPosition(1, 0), reason="save")
             answer(checkpoint.sequence)
         else:
             mode, target, number = rest
