@@ -77,7 +77,10 @@ test: $(STAMP) wheel
 ## comes with its dependencies, as `pip install` in Colab does:
 ## tests/test_colab_pins.py checks that it upgraded none of the pins. Then
 ## the notebook's main scenarios in real kernels there: the panel on
-## ipywidgets 7 and its clicks, kernel interrupts, a restart, --resume.
+## ipywidgets 7 and its clicks, kernel interrupts, a restart, --resume; and
+## in a browser (Playwright, driving Debian's chromium), the panel in classic
+## Notebook 6 with widgetsnbextension 3, whose widget manager stands in for
+## Colab's (tests/test_browser_notebook6.py).
 ## `--confcutdir tests` leaves out the root conftest.py (pytest-jupyter's
 ## server fixtures, which no test here uses).
 COLAB_VENV   ?= .venv-colab
@@ -85,7 +88,8 @@ COLAB_BIN    := $(abspath $(COLAB_VENV))/bin
 COLAB_PYTHON ?= /usr/bin/python3.11
 COLAB_PINS   := tests/colab-pins.txt
 COLAB_STAMP  := $(COLAB_VENV)/.installed
-COLAB_TESTS  ?= tests/test_colab_pins.py tests/test_widget_compat.py \
+COLAB_TESTS  ?= tests/test_colab_pins.py tests/test_widget_compat.py tests/test_browser_notebook6.py \
+                tests/test_notebook_front_ends.py \
                 $(addprefix tests/test_notebook.py::test_,the_cell_returns_at_once_with_the_panel_and_the_kernel_stays_free \
                     interrupting_an_idle_kernel_stops_the_run_with_an_exact_checkpoint \
                     interrupt_during_a_busy_cell_interrupts_that_cell_and_stops_the_run \
@@ -100,7 +104,7 @@ COLAB_TESTS  ?= tests/test_colab_pins.py tests/test_widget_compat.py \
 $(COLAB_STAMP): $(COLAB_PINS)
 	$(COLAB_PYTHON) -m venv --clear $(COLAB_VENV)
 	$(COLAB_BIN)/pip install --quiet --upgrade pip
-	$(COLAB_BIN)/pip install --quiet -r $(COLAB_PINS) pytest pytest-timeout pytest-xdist
+	$(COLAB_BIN)/pip install --quiet -r $(COLAB_PINS) pytest pytest-timeout pytest-xdist playwright
 	touch $(COLAB_STAMP)
 
 test-colab: wheel

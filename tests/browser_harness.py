@@ -41,7 +41,9 @@ class JupyterServer:
     The runtime dir is the test's, so the server sees the runs the test starts.
 
     Args:
-        app: ``"lab"``, ``"notebook"`` (Notebook 7) or ``"nbclassic"`` (classic Notebook).
+        app: ``"lab"``, ``"notebook"`` (Notebook 7), ``"nbclassic"`` (classic
+            Notebook on jupyter_server) or ``"notebook6"`` (classic Notebook 6's
+            own server, as the Colab pass has it: `notebook6_argv`).
         home: A private folder for the server's config, data, settings and notebooks.
         server_extension: Enable the jupyter_traincontrol server extension.
     """
@@ -70,7 +72,9 @@ class JupyterServer:
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
         ]
-        if app != "nbclassic":  # classic Notebook is `Jupyter` in the page anyway
+        if app == "notebook6":
+            argv = notebook6_argv(self.port, root)
+        elif app != "nbclassic":  # classic Notebook is `Jupyter` in the page anyway
             app_class = "LabApp" if app == "lab" else "JupyterNotebookApp"
             argv.append(f"--{app_class}.expose_app_in_browser=True")
         if not server_extension:  # the command line wins over the config files that enable it
@@ -97,6 +101,16 @@ class JupyterServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def notebook6_argv(port: int, root: Path) -> list[str]:
+    """The command line of classic Notebook 6's server (``NotebookApp``, not
+    jupyter_server's ``ServerApp``), of this test's Python."""
+    return [
+        sys.executable, "-m", "notebook", "--no-browser", "--allow-root", "--NotebookApp.ip=127.0.0.1",
+        f"--NotebookApp.port={port}", "--NotebookApp.port_retries=0", f"--NotebookApp.token={TOKEN}",
+        f"--NotebookApp.notebook_dir={root}",
+    ]
 
 
 @pytest.fixture

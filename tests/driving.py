@@ -5,6 +5,8 @@
   a held fit if it fails (so a failure shows as itself, not as a hang).
 - `drive_fit`: `fit` while a script drives it from another thread, from
   the first batch on.
+- `inject`: a command queued at a chosen batch; `LearningRates`: the
+  learning rate at every batch (`lr_of`).
 """
 
 from __future__ import annotations
@@ -64,3 +66,34 @@ def drive_fit(model, data, control, script, *, epochs=100_000, callbacks=()):
     if errors:
         raise errors[0]
     return history
+
+
+def inject(control, line, epoch, batch):
+    """An `At` that queues `line` at the start of (epoch, batch): the run applies it at that batch's end."""
+    from jupyter_traincontrol.protocol import parse_request
+
+    return At(epoch, batch, lambda cb: control.lifecycle.channel.inject(parse_request(line)), hook="on_train_batch_begin")
+
+
+def lr_of(model) -> float:
+    """The model's optimizer's learning rate now."""
+    import keras
+
+    return float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+
+
+class LearningRates:
+    """A callback that reads the learning rate at the start of every batch (its ``rates``)."""
+
+    def __new__(cls):
+        import keras
+
+        class _LearningRates(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.rates = []
+
+            def on_train_batch_begin(self, batch, logs=None):
+                self.rates.append(lr_of(self.model))
+
+        return _LearningRates()

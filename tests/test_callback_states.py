@@ -23,7 +23,8 @@ import keras
 import numpy as np
 import pytest
 
-from helpers import PROGRAMS, At, build_model, child_env, run_program
+from driving import inject
+from helpers import PROGRAMS, build_model, child_env, run_program
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.checkpoint import Attached, read_attachment
 from jupyter_traincontrol.fit.callback_states import CALLBACKS_ATTACHMENT, CallbackStates, capture
@@ -101,7 +102,7 @@ def test_a_callback_with_the_protocol_gets_its_state_back_and_one_without_is_nam
     model = build_model()
     control = ControlCallback("tally", checkpoint_dir=ckpt)
     tally = Tally()
-    _fit(model, tiny_data, control, tally, At(2, 1, lambda _cb: control.send("stop")), Forgetful())
+    _fit(model, tiny_data, control, tally, inject(control, "stop", 2, 1), Forgetful())  # mid-epoch 3
     assert tally.epochs_seen == 2  # the epoch the stop ended early is not an epoch end for it
     capsys.readouterr()
 
@@ -186,11 +187,8 @@ def test_capture_keys_callbacks_by_class_and_order_and_skips_the_stateless():
 
 
 def test_a_checkpoint_after_an_epochs_last_batch_says_at_resume_that_the_callbacks_miss_its_end(tiny_data, ckpt, capsys):
-    from jupyter_traincontrol.protocol import parse_request
-
     control = ControlCallback("tail", checkpoint_dir=ckpt)
-    stop_at_last_batch = At(1, 3, lambda _cb: control.lifecycle.channel.inject(parse_request("stop")),
-                            hook="on_train_batch_begin")  # 64 samples, batches of 16: batch 3 ends epoch 2
+    stop_at_last_batch = inject(control, "stop", 1, 3)  # 64 samples, batches of 16: batch 3 ends epoch 2
     _fit(build_model(), tiny_data, control, Tally(), stop_at_last_batch)
     assert json.loads(read_attachment(control.checkpoints[-1], CALLBACKS_ATTACHMENT))["epoch_end_pending"] == 1
     capsys.readouterr()

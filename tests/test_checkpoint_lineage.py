@@ -80,6 +80,19 @@ def test_a_resumed_run_continues_the_line_and_prunes_it_per_keep(make_model, tin
     assert "earlier run" not in capsys.readouterr().out  # a resumed run says where it resumed instead
 
 
+def test_one_callback_given_to_fit_after_fit_keeps_one_line(make_model, tiny_data, ckpt, capsys):
+    """The same `ControlCallback` in a loop of fits (a run each fit): its
+    runs are one line, pruned to `keep` together, and none says it found an
+    earlier run's checkpoints."""
+    control = ControlCallback(name=NAME, checkpoint_dir=ckpt, keep=2, save_in_background=False, handle_sigint=False)
+    model = make_model()
+    for _ in range(4):
+        fit(model, tiny_data, control, epochs=1)  # each writes its end checkpoint
+    assert len(_sidecars(ckpt)) == 2
+    assert len({read_sidecar(path)["lineage"] for path in control.checkpoints}) == 1
+    assert "earlier run" not in capsys.readouterr().out
+
+
 def test_a_with_block_that_resumes_says_nothing_of_earlier_runs(make_model, tiny_data, ckpt, capsys):
     _run(make_model, tiny_data, ckpt)
     capsys.readouterr()

@@ -104,6 +104,9 @@ def test_the_panel_says_when_clicks_must_wait_for_a_busy_kernel(kernel):
     notes = [state.get("value", "") for state in updates if "kernel is busy" in str(state.get("value", ""))]
     assert notes and "jupyter-traincontrol send waiting stop" in notes[0]
     assert 'class="traincontrol-busy-note"' in notes[0]  # what the JupyterLab extension hides
+    # A click made now says at once, without the kernel, that it waits: CSS shows this line while a button has focus.
+    assert '<span class="traincontrol-click-waits">This click waits for the kernel' in notes[0]
+    assert ".traincontrol-panel:has(button.traincontrol-button:focus) .traincontrol-click-waits" in notes[0]
     kernel.wait_for(f"'kernel is busy' not in {RUN}.panel.note.value", timeout=10)
     kernel.execute(f"{RUN}.abort()")
     kernel.wait_for(f"{RUN}.state == 'aborted'")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -447,9 +448,10 @@ def test_a_run_has_one_thread_which_publishes_soon_and_ticks(runtime_dir, tmp_pa
 def test_the_training_threads_record_writes_leave_freeing_the_replaced_file_to_the_runs_thread(
         make_model, tiny_data, tmp_path, monkeypatch):
     """The writes of a fit's opening and end keep the replaced record under a
-    second name (the rename then frees nothing); the next run's thread
-    removes them: reused fits leave at most the last end's. They go into
-    files the run's thread made ahead (a write then creates no file)."""
+    second name (the rename then frees nothing), and the end's goes into a
+    file the run's thread made ahead (a write then creates no file). The
+    run's thread removes what is left of both as the run ends: reused fits
+    leave none."""
     from jupyter_traincontrol import ControlCallback
     from jupyter_traincontrol.registry import RunFolder
 
@@ -457,29 +459,30 @@ def test_the_training_threads_record_writes_leave_freeing_the_replaced_file_to_t
     write_record = RunFolder.write_record
 
     def noted_write(self, record, keep=False):
+        ready = len(self._prepared)
         write_record(self, record, keep)
-        writes.append((threading.current_thread().name, record["state"], keep, self.record_path.stat().st_ino))
+        writes.append((threading.current_thread().name, record["state"], keep, len(self._prepared) < ready))
 
     monkeypatch.setattr(RunFolder, "write_record", noted_write)
     model, (x, y) = make_model(), tiny_data
     callback = ControlCallback(name="short", checkpoint_dir=tmp_path / "ck", save_at_end=False, verbose=False,
                                handle_sigint=False)
-    folder = None
     for _fit in range(4):
-        left = {p.stat().st_ino for p in folder.glob(".run.json.*.tmp")} if folder is not None else set()
         model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])
-        folder = callback.lifecycle._folder.path
-        assert len(list(folder.glob(".run.json.replaced-*"))) <= 2  # this fit's end's, and its opening's if not yet freed
-        # The run's thread made two empty files: the end's write took one, the next fit's opening takes the other.
-        assert len(list(folder.glob(".run.json.*.tmp"))) == 1
-        if left:
-            assert [ino for _thread, state, _keep, ino in writes if state == "starting"][-1] in left
-    writes = [write[:3] for write in writes]
+        wait_threads_ended()  # the run's thread, after its last chore
+        assert run_folder_leftovers(callback.lifecycle._folder.path) == []
     training = threading.current_thread().name
-    assert {(state, keep) for thread, state, keep in writes if thread == training} == {("starting", True),
-                                                                                        ("finished", True)}
-    assert all(not keep for thread, _state, keep in writes if thread != training)
+    assert {(state, keep) for thread, state, keep, _took in writes if thread == training} == {("starting", True),
+                                                                                             ("finished", True)}
+    assert all(not keep for thread, _state, keep, _took in writes if thread != training)
+    assert all(took for thread, state, _keep, took in writes if thread == training and state == "finished")
     assert find_run("short")["state"] == "finished"
+
+
+def run_folder_leftovers(folder: Path) -> list[str]:
+    """What a run folder holds besides its lock, record and FIFO: the files
+    its record writes made (``.run.json.*.tmp``, ``.run.json.replaced-*``)."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in ("lock", "run.json", "control"))
 
 
 def test_runs_opened_and_closed_back_to_back_leave_no_replaced_records_behind(runtime_dir, tmp_path):
@@ -494,9 +497,105 @@ def test_runs_opened_and_closed_back_to_back_leave_no_replaced_records_behind(ru
         run.open()
         run.close(RunState.FINISHED)
     wait_threads_ended()
-    replaced = list(run._folder.path.glob(".run.json.replaced-*"))
-    assert len(replaced) <= 1, f"{len(replaced)} replaced records left after 30 runs (expected the last end's at most)"
+    assert run_folder_leftovers(run._folder.path) == []
     assert find_run("loop")["state"] == "finished"
+
+
+def test_ended_runs_leave_only_their_lock_and_record_in_the_runtime_folder(runtime_dir, tmp_path, monkeypatch):
+    """Runs that end (finished, stopped, failed, one whose thread had ended
+    before it, one ended while a claim took its name over) leave no
+    ``.run.json.*.tmp`` or ``.run.json.replaced-*`` file in their folder:
+    each run's thread removes what its record writes made, once its last
+    record is written."""
+    from jupyter_traincontrol.protocol import RunState
+    from jupyter_traincontrol.run.lifecycle import RunLifecycle
+
+    ended = []
+    for name, final in [("done", RunState.FINISHED), ("halted", RunState.STOPPED), ("broken", RunState.FAILED)]:
+        run = RunLifecycle(name, tmp_path / name).open()
+        run.move_to(RunState.RUNNING)
+        time.sleep(0.05)  # its thread made the files ahead, and wrote the running record
+        run.publish(force=True)  # a plain write (replaces, keeps nothing) beside the training thread's
+        run.close(final, error="Traceback: boom" if final == RunState.FAILED else None)
+        ended.append(run)
+    wait_threads_ended()
+    for run in ended:
+        assert run_folder_leftovers(run._folder.path) == [], run.name
+        assert find_run(run.name)["state"] == run.state
+    again = RunLifecycle("done", tmp_path / "done").open()  # the same name: the ended run's folder serves it
+    again.close(RunState.FINISHED)
+    wait_threads_ended()
+    assert run_folder_leftovers(again._folder.path) == []
+    records = [p for p in runtime_dir.rglob("*") if ".run.json." in p.name]
+    assert records == [], records
+
+
+def test_train_loops_that_finish_or_fail_leave_no_record_files_behind(runtime_dir, tmp_path):
+    from jupyter_traincontrol import TrainLoop
+
+    state = {"w": 0}
+
+    def save(folder):
+        Path(folder, "w.json").write_text(json.dumps(state))
+
+    def load(folder):
+        state.update(json.loads(Path(folder, "w.json").read_text()))
+
+    for name, fails in [("loop-ok", False), ("loop-fails", True), ("loop-ok", False)]:
+        with pytest.raises(ValueError) if fails else contextlib.nullcontext():
+            with TrainLoop(name=name, checkpoint_dir=tmp_path / name, save=save, load=load, handle_sigint=False,
+                           handle_sigterm=False, verbose=False) as loop:
+                for _epoch in loop.epochs(2):
+                    for item in loop.batches(range(3)):
+                        state["w"] += item
+                        loop.log(loss=1.0 / (1 + state["w"]))
+                        if fails and state["w"] > 2:
+                            raise ValueError("boom")
+        assert loop.state == ("failed" if fails else "finished")
+    wait_threads_ended()
+    folders = [folder for folder in runtime_dir.iterdir() if not folder.name.startswith(".")]
+    assert sorted(folder.name for folder in folders) == ["loop-fails", "loop-ok"]
+    for folder in folders:
+        assert run_folder_leftovers(folder) == [], folder.name
+
+
+def test_the_last_chore_done_by_the_closing_thread_itself_leaves_the_removal_to_the_seal(runtime_dir):
+    """A run whose thread had ended before its end: the chore it left runs on
+    the closing thread, before the last record; it waits for nothing, and
+    the seal removes what the record writes made."""
+    folder = RunFolder.claim("alone")
+    try:
+        folder.prepare_files()
+        folder.write_record({"state": "running"}, keep_replaced=True)
+        chore = folder.last_chore()
+        started = time.monotonic()
+        chore()  # on this thread, which seals later: no wait for itself
+        assert time.monotonic() - started < 1
+        folder.write_record({"state": "finished"}, keep_replaced=True)
+        assert run_folder_leftovers(folder.path)  # a replaced record kept, a file made ahead left
+        folder.seal()
+        assert run_folder_leftovers(folder.path) == []
+    finally:
+        folder.release()
+
+
+def test_a_folder_reopened_before_the_last_chore_keeps_its_files_for_the_new_run(runtime_dir):
+    folder = RunFolder.claim("reused")
+    try:
+        folder.prepare_files()
+        chore = folder.last_chore()
+        folder.seal()
+        assert folder.reopen("next-run")
+        folder.write_record({"state": "starting"})  # the new run's first record (its caller writes it)
+        chore()  # late: the folder serves the next run, whose writes take the files made ahead
+        assert len(list(folder.path.glob(".run.json.*.tmp"))) == 2 and len(folder._prepared) == 2
+        chore = folder.last_chore()
+        folder.write_record({"state": "finished"}, keep_replaced=True)
+        folder.seal()
+        chore()
+        assert run_folder_leftovers(folder.path) == []
+    finally:
+        folder.release()
 
 
 def test_a_record_built_before_the_end_is_never_written_after_the_last_one(runtime_dir, tmp_path):

@@ -14,32 +14,11 @@ import keras
 import numpy as np
 import pytest
 
-from driving import fit
+from driving import LearningRates, fit, inject
 from helpers import At, EventLog, assert_finite_weights, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.protocol import UnknownCommandError, parse_request
 from jupyter_traincontrol.registry import find_run
-
-
-
-def inject(control, line, epoch, batch):
-    """Queues `line` at the start of (epoch, batch): the run applies it at that batch's end."""
-    return At(epoch, batch, lambda cb: control.lifecycle.channel.inject(parse_request(line)), hook="on_train_batch_begin")
-
-
-def lr_of(model) -> float:
-    return float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
-
-
-class Recorder(keras.callbacks.Callback):
-    """Reads the optimizer's learning rate at the start of every batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.rates = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.rates.append(lr_of(self.model))
 
 
 def ack(name, request_id):
@@ -53,7 +32,7 @@ def ack(name, request_id):
 def test_set_lr_takes_effect_at_the_next_batch_and_is_in_history_record_and_sidecar(make_model, tiny_data, ckpt):
     model = make_model()
     control = ControlCallback(name="setter", checkpoint_dir=ckpt, verbose=False, save_at_end=False)
-    recorder = Recorder()
+    recorder = LearningRates()
     history = fit(model, tiny_data, control, inject(control, "set lr=1e-3 #s1", 1, 2),
                   inject(control, "save #v1", 2, 0), recorder)
     rates = recorder.rates
@@ -99,7 +78,7 @@ def test_a_set_learning_rate_survives_a_checkpoint_and_resume(make_model, tiny_d
 
     fresh = make_model(seed=1)  # compiled with lr 0.01
     resumed = ControlCallback(name="again", checkpoint_dir=ckpt, resume=True, verbose=False)
-    recorder = Recorder()
+    recorder = LearningRates()
     history = fit(fresh, tiny_data, resumed, recorder, epochs=2)
     assert recorder.rates and recorder.rates == pytest.approx([0.002] * len(recorder.rates))
     assert history.history["learning_rate"] == pytest.approx([0.002, 0.002])
@@ -109,7 +88,7 @@ def test_a_set_learning_rate_survives_a_checkpoint_and_resume(make_model, tiny_d
 def test_bad_values_change_nothing(make_model, tiny_data, ckpt):
     model = make_model()
     control = ControlCallback(name="refuser", checkpoint_dir=ckpt, verbose=False)
-    recorder = Recorder()
+    recorder = LearningRates()
     lines = [("set lr=0.5 momentum=0.9 #b1", 0, 1), ("set lr=-1 #b2", 0, 2), ("set clipnorm=1 clipvalue=1 #b3", 0, 3),
              ("set dropout=0.1 #b4", 0, 4), ("set #b5", 0, 5)]
     fit(model, tiny_data, control, *(inject(control, *line) for line in lines), recorder, epochs=1)
@@ -242,7 +221,7 @@ def test_setting_the_learning_rate_replaces_a_schedule_and_checkpoints_still_loa
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=1, decay_rate=0.9)
     model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
     control = ControlCallback(name="sched", checkpoint_dir=ckpt, verbose=False)
-    recorder = Recorder()
+    recorder = LearningRates()
     fit(model, tiny_data, control, inject(control, "set lr=0.005 #r", 0, 3), inject(control, "stop", 1, 1), recorder)
     assert recorder.rates[1] < recorder.rates[0]  # the schedule decays
     assert recorder.rates[4:] == pytest.approx([0.005] * (len(recorder.rates) - 4))
@@ -254,7 +233,7 @@ def test_setting_the_learning_rate_replaces_a_schedule_and_checkpoints_still_loa
     fresh = make_model(seed=2)
     fresh.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
     resumed = ControlCallback(name="sched", checkpoint_dir=ckpt, resume=True, verbose=False)
-    again = Recorder()
+    again = LearningRates()
     fit(fresh, tiny_data, resumed, again, epochs=3)
     assert int(fresh.optimizer.iterations.numpy()) > 10  # optimizer state was loaded, not dropped
     assert again.rates == pytest.approx([0.005] * len(again.rates))
@@ -550,7 +529,7 @@ def test_set_under_mixed_precision_steers_the_optimizer_that_does_the_update(tin
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1, dtype="float32")])
         model.compile(optimizer=keras.optimizers.Adam(0.001), loss="mse")
         control = ControlCallback(name="mixed", checkpoint_dir=ckpt, verbose=False)
-        rates = Recorder()
+        rates = LearningRates()
         fit(model, tiny_data, control, rates, inject(control, "set lr=0.05 beta_1=0.5 #s", 0, 1),
             inject(control, "set #show", 0, 3), epochs=1)
     finally:

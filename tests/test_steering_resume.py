@@ -17,32 +17,12 @@ import numpy as np
 import pytest
 
 import driving
-from helpers import At, read_sidecar
+from driving import LearningRates, inject
+from helpers import read_sidecar
 from jupyter_traincontrol import ControlCallback, TrainLoop
-from jupyter_traincontrol.protocol import parse_request
 from jupyter_traincontrol.registry import find_run
 
 fit = functools.partial(driving.fit, epochs=4)
-
-
-def inject(control, line, epoch, batch):
-    """Queues `line` at the start of (epoch, batch): the run applies it at that batch's end."""
-    return At(epoch, batch, lambda cb: control.lifecycle.channel.inject(parse_request(line)), hook="on_train_batch_begin")
-
-
-def lr_of(model) -> float:
-    return float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
-
-
-class Rates(keras.callbacks.Callback):
-    """The learning rate at the start of every batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.rates = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.rates.append(lr_of(self.model))
 
 
 class CutAt(keras.callbacks.Callback):
@@ -64,7 +44,7 @@ def test_a_resume_continues_with_the_rate_a_callback_set_after_a_steered_one(mak
     (stopped,) = control.checkpoints
     assert "learning_rate" not in (read_sidecar(stopped).get("tunables") or {})  # the callback's change won
     resumed = ControlCallback(name="cut", checkpoint_dir=ckpt, resume=True, verbose=False)
-    rates = Rates()
+    rates = LearningRates()
     fit(make_model(seed=1), tiny_data, resumed, rates)
     assert rates.rates == pytest.approx([1e-5] * len(rates.rates))
 
@@ -75,7 +55,7 @@ def test_a_steered_rate_that_still_holds_is_kept_and_set_again_at_resume(make_mo
     fit(model, tiny_data, control, inject(control, "set lr=0.05", 0, 1), inject(control, "stop", 2, 1))
     assert read_sidecar(control.checkpoints[-1])["tunables"] == {"learning_rate": 0.05}
     resumed = ControlCallback(name="held", checkpoint_dir=ckpt, resume=True, verbose=False)
-    rates = Rates()
+    rates = LearningRates()
     fit(make_model(seed=1), tiny_data, resumed, rates)
     assert rates.rates == pytest.approx([0.05] * len(rates.rates))
     assert not any(event["kind"] == "change" for event in find_run("held")["events"])  # the file held it: no "0.05 -> 0.05"
@@ -86,7 +66,7 @@ def test_a_rollback_with_nothing_set_keeps_a_keras_schedule_and_names_what_went_
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=1, decay_rate=0.9)
     model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
     control = ControlCallback(name="decay", checkpoint_dir=ckpt, verbose=False, save_at_end=False)
-    rates = Rates()
+    rates = LearningRates()
     fit(model, tiny_data, control, rates, inject(control, "save", 0, 2), inject(control, "rollback #rb", 1, 2), epochs=2)
     assert isinstance(model.optimizer._learning_rate, keras.optimizers.schedules.ExponentialDecay)
     after = rates.rates[8 + 3:]  # from batch 3 of epoch 2: the schedule at the checkpoint's step 3, on

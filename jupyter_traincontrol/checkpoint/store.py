@@ -241,6 +241,12 @@ class CheckpointStore:
                              f"{checkpoint.path} (run {checkpoint.run!r}); expected one of its own checkpoints.")
         self._line = checkpoint.lineage
 
+    def continue_own_line(self, lineage: str) -> None:
+        """This run is the next of one object's runs (a `ControlCallback`
+        given to `fit` after `fit`): it counts, prunes and carries on the
+        line of that object's earlier run, `lineage`, as if it had resumed."""
+        self._line = lineage
+
     def earlier(self) -> list[Checkpoint]:
         """The complete checkpoints of this run's name that are not of its
         line (earlier runs it did not resume), oldest first; they stay."""

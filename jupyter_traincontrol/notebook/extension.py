@@ -32,7 +32,8 @@ While a run of this kernel is active:
 
 With no active run, interrupts behave exactly as without the extension.
 Unloading stops active runs gracefully and restores every hook. Loading
-imports neither Keras nor TensorFlow: they load when the first run starts.
+imports neither Keras nor TensorFlow, nor does a run unless its cell trains
+with Keras (a cell that trains a PyTorch or JAX `TrainLoop` loads neither).
 Loaded before TensorFlow is imported, it keeps TensorFlow's native log lines
 (C++ INFO and WARNING on file descriptor 2) out of the notebook by setting
 ``TF_CPP_MIN_LOG_LEVEL=2``, unless the user set it

@@ -8,11 +8,12 @@ the user passed ``verbose``, Keras's text progress bar is turned off: the
 panel shows progress). Calls from other threads are untouched. The wrapper is
 installed on first use and removed when the last run ends.
 
-Keras 2 (``tf_keras``) has a `fit` of its own, wrapped the same way: at once
-if ``tf_keras`` is imported already, else as soon as the cell imports it (an
-``import tf_keras``, or ``tf.keras`` with ``TF_USE_LEGACY_KERAS=1``), by a
-finder watching for it on ``sys.meta_path`` while runs are active. Nothing
-here imports ``tf_keras`` or TensorFlow.
+Keras 2 (``tf_keras``) has a `fit` of its own, wrapped the same way. Each is
+wrapped at once if it is imported already, else as soon as something
+imports it (the cell's ``import keras``, an ``import tf_keras``, or
+``tf.keras``), by a finder watching for them on ``sys.meta_path`` while runs
+are active. Nothing here imports Keras, ``tf_keras`` or TensorFlow: a cell
+that trains a PyTorch or JAX `TrainLoop` loads none of them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ __all__ = ["FitInterceptor", "intercept_fit"]
 _lock = threading.Lock()
 _by_thread: dict[int, "FitInterceptor"] = {}
 _wrapped: list[tuple[type, Callable, bool]] = []  # (class, its original fit, whether the class defined fit itself)
-_KERAS2 = "tf_keras"
+#: The modules whose ``Model.fit`` is wrapped: Keras 3 and Keras 2.
+_KERAS_MODULES = ("keras", "tf_keras")
 
 
 class FitInterceptor:
@@ -72,20 +74,25 @@ def _unwrap_all() -> None:
             del model_class.fit  # back to the inherited trainer's fit
 
 
-def _wrap_keras2(module) -> None:
-    """Wraps ``tf_keras.Model.fit`` once ``tf_keras`` is imported, if runs are still active."""
+def _model_class(module) -> type | None:
     model_class = getattr(module, "Model", None)
+    return model_class if isinstance(model_class, type) else None
+
+
+def _wrap_imported(module) -> None:
+    """Wraps ``Model.fit`` of `module` (``keras``, ``tf_keras``) as it is imported, if runs are still active."""
+    model_class = _model_class(module)
     with _lock:
-        if _by_thread and isinstance(model_class, type):
+        if _by_thread and model_class is not None:
             _wrap(model_class)
 
 
-class _Keras2Watch(importlib.abc.MetaPathFinder):
-    """On ``sys.meta_path`` while runs are active and ``tf_keras`` is not
-    imported: lets its import run as usual, then wraps its `fit`."""
+class _KerasWatch(importlib.abc.MetaPathFinder):
+    """On ``sys.meta_path`` while runs are active and Keras or ``tf_keras``
+    is not imported: lets its import run as usual, then wraps its `fit`."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != _KERAS2:
+        if fullname not in _KERAS_MODULES:
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None) if finder is not self else None
@@ -97,7 +104,7 @@ class _Keras2Watch(importlib.abc.MetaPathFinder):
 
 
 class _WrappingLoader(importlib.abc.Loader):
-    """``tf_keras``'s own loader, then `_wrap_keras2` on the loaded module."""
+    """The module's own loader, then `_wrap_imported` on the loaded module."""
 
     def __init__(self, loader):
         self._loader = loader
@@ -108,13 +115,13 @@ class _WrappingLoader(importlib.abc.Loader):
     def exec_module(self, module):
         module.__loader__ = module.__spec__.loader = self._loader  # the module keeps its own loader
         self._loader.exec_module(module)
-        _wrap_keras2(module)
+        _wrap_imported(module)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
 
 
-_watch = _Keras2Watch()
+_watch = _KerasWatch()
 
 
 class intercept_fit:
@@ -128,15 +135,13 @@ class intercept_fit:
         self._interceptor = interceptor
 
     def __enter__(self):
-        import keras
-
         with _lock:
             if not _by_thread:
-                _wrap(keras.Model)
-                keras2 = sys.modules.get(_KERAS2)
-                if keras2 is not None and isinstance(getattr(keras2, "Model", None), type):
-                    _wrap(keras2.Model)
-                else:
+                imported = [_model_class(sys.modules.get(name)) for name in _KERAS_MODULES]
+                for model_class in imported:
+                    if model_class is not None:
+                        _wrap(model_class)
+                if None in imported:
                     sys.meta_path.insert(0, _watch)
             _by_thread[threading.get_ident()] = self._interceptor
         return self

@@ -9,7 +9,11 @@ buttons give way to how it ended and its checkpoints, with their paths.
 A daemon monitor thread, the only writer of the panel's widgets, redraws at
 most `refresh_rate` times a second and only sends what changed, so the
 browser is never flooded however fast the batches are. A click's notice
-shows for a few seconds, the last two at most.
+shows for a few seconds, the last two at most; a click the run never took
+(it had ended, or ended first) is said in the ended panel and its log
+(`click_notes`). Where clicks travel through the kernel, the panel says
+that they wait while another cell runs, and once per kernel what the
+server extension would add (`front_end_notes`).
 
 It works with ipywidgets 7.7 (Colab's) and 8: it uses only what both
 have, and `widget_compat` for the two things that differ.
@@ -23,14 +27,18 @@ from __future__ import annotations
 
 import collections
 import html
-import queue
 import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
 from ..protocol import COMMAND_HELP, FINAL_STATES, Command, UnknownCommandError, allowed_commands, parse_request
+from ..transport.send import NotListeningError
+from . import front_end_notes
 from .chart_svg import loss_chart_svg
-from .panel_text import bar_label_html, clock_text, log_html, metrics_html, number_text, outcome_html, path_html
+from .click_notes import ClickNotes
+from .panel_text import (
+    bar_label_html, clock_text, log_html, metrics_html, number_text, outcome_html, outcome_text, path_html,
+)
 from .widget_compat import set_tooltip
 
 if TYPE_CHECKING:  # the panel reads the run; the run never imports the panel
@@ -58,6 +66,8 @@ _CONFIRMS = {
 #: How long a click's notice shows, and how many show at once.
 NOTE_SECONDS = 10.0
 _NOTES_SHOWN = 2
+#: A run that ends sooner leaves the server-extension note to the kernel's next panel (it may not have been read).
+SERVER_NOTE_READ_SECONDS = 30.0
 
 class _Rate:
     """Batches per second over the last few seconds."""
@@ -90,8 +100,7 @@ class ControlPanel:
         self.run = run
         self.interval = 1.0 / max(0.1, float(refresh_rate))
         self._kernel_busy = kernel_busy
-        self._clicks: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._click_notes: collections.deque[tuple[float, str]] = collections.deque(maxlen=_NOTES_SHOWN)
+        self.clicks = ClickNotes(run.lifecycle.journal.log, NOTE_SECONDS, _NOTES_SHOWN)
         self._rate = _Rate()
         self.updates = 0
         full = widgets.Layout(width="100%")
@@ -107,6 +116,11 @@ class ControlPanel:
         self.log = widgets.HTML(layout=full)
         self.output = widgets.HTML(layout=full)
         self.note = widgets.HTML(layout=full)
+        # Once per kernel, where clicks go through the kernel: what the server extension adds.
+        self._server_note_since = time.monotonic() if front_end_notes.take_server_note() else None
+        self.front_end_note = widgets.HTML(
+            value=front_end_notes.server_extension_note_html(str(run.name)) if self._server_note_since is not None
+            else "", layout=full)
         self.outcome = widgets.HTML(layout=widgets.Layout(width="100%", display="none"))
         # Buttons of one width, in two groups that wrap as wholes (save, stop, abort; pause, rollback), then
         # the learning rate: a narrow panel breaks the row between groups into lines of about one length.
@@ -159,6 +173,7 @@ class ControlPanel:
                 self.outcome,
                 widgets.HBox([self.chart, self.metrics], layout=widgets.Layout(flex_flow="row wrap", width="100%")),
                 self.note,
+                self.front_end_note,
                 self.log,
                 self.output,
             ],
@@ -180,17 +195,51 @@ class ControlPanel:
 
     def _click_handler(self, key: str):
         def on_click(button):
+            command = "resume" if key == "pause" and button.description == "Resume" else key
+            label = command.capitalize()  # "Abort", not "Confirm abort": what the click is for
+            if self.run.state in FINAL_STATES:  # taken late: the kernel was busy until after the run's end
+                self._not_applied(label, command)
+                return
             if key in _CONFIRMS and not self._confirmed(key, button):
                 return
-            command = "resume" if key == "pause" and button.description == "Resume" else key
-            try:
-                self.run.send(command, sender="panel")
-                note = f"{button.description}: sent '{command}'."
-            except Exception as error:  # shown in the panel, never raised into the kernel
-                note = f"{button.description}: could not send '{command}': {error}"
-            self._clicks.put(note)
+            self._send(label, command)
 
         return on_click
+
+    def _send(self, label: str, command) -> None:
+        """Sends a click's command to the run, and says so (or why not)."""
+        try:
+            request = self.run.send(command, sender="panel")  # a request with an id: the run answers it
+        except NotListeningError:  # ended between the click and now
+            self._not_applied(label, str(command))
+            return
+        except UnknownCommandError as error:
+            self.clicks.add(f"{label}: {error}")
+            return
+        except Exception as error:  # shown in the panel, never raised into the kernel
+            self.clicks.add(f"{label}: could not send '{command}': {error}")
+            return
+        self.clicks.sent(label, request)
+        self.clicks.add(f"{label}: sent '{request}'.")  # without its id
+
+    def _not_applied(self, label: str, command: str) -> None:
+        """A click the kernel took once the run had ended (or was ending):
+        said in the ended panel and its log, never dropped without a word."""
+        self.clicks.too_late(label, command, self._how_it_ended())
+        if self.run.wait(0):  # the monitor draws its last once the run has ended: after it, this thread redraws
+            self.join(5)
+            if not self._thread.is_alive():
+                self.refresh()
+
+    def _answered(self, request) -> bool:
+        return self.run.ack(request) is not None
+
+    def _how_it_ended(self) -> str:
+        lifecycle = self.run.lifecycle
+        state = self.run.state
+        if state not in FINAL_STATES:
+            return "it was ending"
+        return outcome_text(str(state), lifecycle.end_reason, lifecycle.record().get("stopped_by"))
 
     def _confirmed(self, key: str, button) -> bool:
         """True on the confirming click; the first click only asks (Abort, Rollback)."""
@@ -201,7 +250,7 @@ class ControlPanel:
         label, question = _CONFIRMS[key]
         self._armed[key] = time.monotonic()
         button.description, button.button_style, button.icon = label, "danger", ""  # no icon: room for the words
-        self._clicks.put(question)
+        self.clicks.add(question)
         return False
 
     def _disarm(self, key: str) -> None:
@@ -214,14 +263,15 @@ class ControlPanel:
         if change["new"] == number_text(self._shown_lr) or (self._shown_lr is None and change["new"] == ""):
             return  # the monitor showing the run's value (it notes it first), or nothing changed
         text = change["new"].strip()
+        if self.run.state in FINAL_STATES:  # taken late, as a click can be
+            self._not_applied("Learning rate", f"set lr={text}")
+            return
         try:
-            request = self.run.send(parse_request(f"set lr={text}"), sender="panel")  # the id says who sent it
-            note = f"Learning rate: sent '{request}'."  # without its id
+            request = parse_request(f"set lr={text}")
         except UnknownCommandError as error:
-            note = f"Learning rate: {error}"
-        except Exception as error:  # shown in the panel, never raised into the kernel
-            note = f"Learning rate: could not send 'set lr={text}': {error}"
-        self._clicks.put(note)
+            self.clicks.add(f"Learning rate: {error}")
+            return
+        self._send("Learning rate", request)
 
     def _monitor(self) -> None:
         while not self.run.wait(self.interval):
@@ -268,6 +318,7 @@ class ControlPanel:
         pause.tooltip = _tooltip(Command.RESUME if paused else Command.PAUSE)
         pause._dom_classes = ("traincontrol-button", f"traincontrol-command-{'resume' if paused else 'pause'}")
         self._refresh_steering(enabled, progress)
+        self.clicks.forget_answered(self._answered)
         self._refresh_outcome(state, progress)
         self.metrics.value = metrics_html(progress.metrics)
         self.chart.value = loss_chart_svg(**lifecycle.history.chart_series())
@@ -284,13 +335,19 @@ class ControlPanel:
         if progress.epoch:
             where = f"epoch {progress.epoch}/{progress.epochs or '?'} · batch {progress.step}/{progress.steps or '?'}"
         checkpoints = [(str(c.path), c.info, c.info.get("run_id") == lifecycle.run_id) for c in lifecycle.checkpoints()]
-        session = getattr(self.run.callback, "session", None)  # a fit's: was its model a Keras 2 one?
         record = lifecycle.record()
+        how = outcome_text(str(state), record.get("end_reason"), record.get("stopped_by"))
+        self.clicks.check_unanswered(self._answered, how)
         self.outcome.value = outcome_html(str(self.run.name), str(state), record.get("end_reason"), where, checkpoints,
-                                          keras2=bool(getattr(session, "keras2", False)),
-                                          stopped_by=record.get("stopped_by"))
+                                          keras2=self.run.keras2, stopped_by=record.get("stopped_by")
+                                          ) + self.clicks.not_applied_html()
         self.controls.layout.display = "none"
         self.outcome.layout.display = None
+        if self._server_note_since is not None:  # the JupyterLab extension no longer hides it in an ended run's panel
+            if time.monotonic() - self._server_note_since < SERVER_NOTE_READ_SECONDS:
+                front_end_notes.give_back_server_note()
+            self._server_note_since = None
+            self.front_end_note.value = ""
 
     def _refresh_steering(self, enabled: set[str], progress) -> None:
         for key, armed in list(self._armed.items()):
@@ -328,15 +385,8 @@ class ControlPanel:
         return state not in FINAL_STATES and self.run.uncontrolled and now - started >= 1.0
 
     def _note_html(self, state: str, wall_now: float) -> str:
-        now = time.monotonic()
-        while True:
-            try:
-                self._click_notes.append((now, self._clicks.get_nowait()))
-            except queue.Empty:
-                break
         # A click's notice is news for a few seconds, and none once the run has ended.
-        lines = [html.escape(note) for shown, note in self._click_notes
-                 if now - shown < NOTE_SECONDS and state not in FINAL_STATES]
+        lines = self.clicks.notices(ended=state in FINAL_STATES)
         if self._uncontrolled(state, wall_now):
             lines.append(
                 "Nothing in this cell is under control (yet): it has run no fit and no TrainLoop, so the buttons "
@@ -344,16 +394,8 @@ class ControlPanel:
                 " to control it; an interrupt interrupts the cell's code."
             )
         elif state not in FINAL_STATES and self._kernel_busy():
-            # The JupyterLab extension hides this (class traincontrol-busy-note)
-            # where it sends the clicks to the server: there they do not wait.
-            lines.append(
-                '<span class="traincontrol-busy-note">'
-                "The kernel is busy with a cell: clicks here wait until it finishes. To act at once, in a terminal: "
-                f"<code>jupyter-traincontrol send {html.escape(str(self.run.name))} stop</code> "
-                "(or save, abort, pause, resume, <code>set lr=1e-4</code>, rollback), "
-                f"or <code>echo stop &gt; {html.escape(str(self.run.fifo))}</code>."
-                "</span>"
-            )
+            # The JupyterLab extension hides it where it sends the clicks to the server: there they do not wait.
+            lines.append(front_end_notes.busy_note_html(str(self.run.name), self.run.fifo))
         if state == "failed" and self.run.error:
             lines.append(f'<pre style="color:#d93025;white-space:pre-wrap">{html.escape(self.run.error)}</pre>')
         return "".join(f'<div style="font-size:12px;line-height:1.4">{line}</div>' for line in lines)

@@ -10,6 +10,10 @@ The run knows its view only as a `RunView` (the notebook panel, or a text
 reporter): it never imports the panel, and the panel reads the run through
 its public attributes.
 
+Keras loads with the cell's first ``fit`` (or at once, where it is imported
+already): a cell that trains a PyTorch or JAX `TrainLoop` imports neither
+Keras nor TensorFlow.
+
 Final states: ``failed`` if the cell raised; ``aborted`` / ``stopped`` if a
 ``fit`` was ended by that command (`protocol.final_state`); ``finished``
 otherwise (also when the cell never called ``fit``, which the run's log says).
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import sys
 import threading
 import time
 import traceback
@@ -132,14 +137,15 @@ class TrainingRun(FitInterceptor):
             raise ValueError(f"on_interrupt must be stop, save or abort, got {on_interrupt!r}.")
         self._compiled = compile(code, filename, "exec")
         self._namespace = namespace
-        from ..fit.callback import ControlCallback  # Keras loads with the first run, not with the extension
-
         self.lifecycle = RunLifecycle(name, checkpoint_dir, keep, origin="notebook", extra_record=extra_record)
-        self.callback = ControlCallback(
+        self._callback_options = dict(
             lifecycle=self.lifecycle, handle_sigint=False, verbose=False, tunables=tunables, on_nan=on_nan,
             save_in_background=save_in_background, save_at_end=save_at_end, resume_from=resume_from,
             autosave=autosave,
         )
+        self._callback = None
+        if tunables is not None or "keras" in sys.modules:  # made now: its arguments are checked before the run starts
+            self._callback = self.callback
         self.drivers = CellDrivers(self.lifecycle, resume=resume, on_nan=on_nan, save_in_background=save_in_background,
                                    save_at_end=save_at_end, resume_from=resume_from, autosave=autosave)
         self.output = OutputBuffer()
@@ -153,6 +159,22 @@ class TrainingRun(FitInterceptor):
         self.panel: RunView | None = None  # set by the extension
 
     # Public view -----------------------------------------------------------
+
+    @property
+    def callback(self):
+        """The `ControlCallback` the cell's fits get. Made on first use (the
+        cell's first ``fit``, or here): that imports Keras."""
+        if self._callback is None:
+            from ..fit.callback import ControlCallback  # Keras: not for a cell that trains none
+
+            self._callback = ControlCallback(**self._callback_options)
+        return self._callback
+
+    @property
+    def keras2(self) -> bool:
+        """True if a fit of the cell trained a Keras 2 (``tf_keras``) model."""
+        session = getattr(self._callback, "session", None)
+        return bool(getattr(session, "keras2", False))
 
     @property
     def name(self) -> str | None:

@@ -8,6 +8,9 @@ folder (keeping its last record in the history, `tombstones`), and every
 folder this process claimed is released when it exits (`release_all`). A
 claim releases this process's ended runs beyond the newest
 `ENDED_RUNS_KEPT` into the history: a loop of new runs does not grow it.
+An ended run's folder holds its lock and its last record only: what the
+run made for its own writes (replaced records kept for later, empty files
+made ahead) its thread removes as the run ends (`last_chore`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..protocol import ACTIVE_STATES, FINAL_STATES, RunState, shorten
 from ..system.flock import ProcessLock
@@ -43,6 +46,9 @@ _CLAIM_ATTEMPTS = 5
 #: Empty files kept ready for the training thread's record writes: the one
 #: that ends the run, and the first of the next run of this folder.
 _PREPARED_FILES = 2
+#: How long the run's thread waits, as its run ends, for the last record
+#: (`RunFolder.last_chore`); a few milliseconds in practice.
+_LAST_RECORD_WAIT_SECONDS = 10.0
 
 
 class RunFolder:
@@ -70,6 +76,8 @@ class RunFolder:
         self._last_record: dict[str, Any] = {}  # and what it holds (`_own_record` reads no file it wrote)
         self._prepared: list[str] = []  # empty files made by `prepare_files`, for the next fast writes
         self._leftovers = Leftovers()  # for this run's thread: `free_kept`, `free_replaced`
+        self._sealed = threading.Event()  # this run's last record is written: a new one for each run of the folder
+        self._free_at_seal = False  # `last_chore` ran on the thread that seals: `seal` frees what it left
 
     @property
     def record_path(self) -> Path:
@@ -260,6 +268,7 @@ class RunFolder:
             except OSError:
                 return False
             self.run_id = run_id
+            self._sealed, self._free_at_seal = threading.Event(), False
             return True
 
     def seal(self) -> None:
@@ -270,6 +279,50 @@ class RunFolder:
                 os.close(self.dir_fd)
                 self.dir_fd = -1
                 self._sealed_at = time.monotonic()
+            sealed, free_now, self._free_at_seal = self._sealed, self._free_at_seal, False
+            sealed.set()
+        if free_now:
+            self._free_ended(sealed)
+
+    def last_chore(self) -> Callable[[], None]:
+        """The last chore of the run's thread for the run now ending
+        (`RunLifecycle.close` asks for it before it writes the last record):
+        `free_kept`, then, once the last record is written (`seal`), the
+        removal of what the run made that no write of it will take: the
+        replaced records kept for later and the empty files made ahead. The
+        folder then holds its lock and its record only. A run of the folder
+        reopened meanwhile keeps them (its own end removes them).
+
+        Done on the thread that seals (a run whose thread had ended), the
+        chore leaves that removal to `seal`, and never waits for itself.
+        """
+        sealed, closer = self._sealed, threading.get_ident()
+
+        def chore() -> None:
+            self.free_kept()
+            if threading.get_ident() == closer:
+                with self._write_lock:
+                    if not sealed.is_set():
+                        self._free_at_seal = sealed is self._sealed
+                        return
+            if sealed.wait(_LAST_RECORD_WAIT_SECONDS):
+                self._free_ended(sealed)
+
+        return chore
+
+    def _free_ended(self, sealed: threading.Event) -> None:
+        """Removes the empty files made ahead and the replaced records of the
+        run that `sealed` is of, unless the folder serves another run now."""
+        with self._write_lock:
+            if sealed is not self._sealed or self._released or self.dir_fd >= 0:
+                return  # reopened, released or taken over: not this run's to do
+            prepared, self._prepared = self._prepared, []
+        for name in prepared:
+            try:
+                os.unlink(self.path / name)
+            except OSError:
+                pass  # the folder went (released meanwhile)
+        self._leftovers.free_all(self.path.parent)
 
     def _wrote_what_is_there(self) -> bool:
         """True if the record on disk is the very file this run wrote last

@@ -143,11 +143,14 @@ class RunLifecycle:
             self._folder = RunFolder.claim_any(self._requested_name, self._registry, run_id=self.run_id,
                                                sweep_later=True)  # by the run's thread (`free_replaced`)
         self.name = self._folder.name
+        before = self.store  # this object's earlier run, if any: its line goes on (`keep` counts them together)
         self.store = CheckpointStore(  # the tool's own default folder is made private
             self._requested_checkpoint_dir or Path("checkpoints") / self.name, self._keep,
             run=self.name, run_id=self.run_id, private=self._requested_checkpoint_dir is None,
             close_removed=self._folder.close_later,  # a folder left empty is freed by the run's thread as it ends
         )
+        if before is not None and before.run == self.name and before.directory == self.store.directory:
+            self.store.continue_own_line(before.lineage)
         self.store.list()  # what the folder holds of this name already
         self.started, self.ended, self.error, self.end_reason = time.time(), None, None, None
         self._stopped_by = None
@@ -205,7 +208,7 @@ class RunLifecycle:
             self.end_reason = end_reason or _default_end_reason(final_state)
             channel, self.channel = self.channel, None
             self.unfollow()
-        chores = self.publisher.stop(then=self._folder.free_kept)  # first: nothing wakes the thread later
+        chores = self.publisher.stop(then=self._folder.last_chore())  # first: nothing wakes the thread later
         if channel is not None:  # removed now; its thread ends by itself, doing `chores`, while the last
             channel.end(last=chores)  # record is written (`publish` keeps the records in order)
         try:
