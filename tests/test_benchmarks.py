@@ -1,12 +1,15 @@
 """Each benchmark runs as a smoke test (``--quick``) and ends with its summary line.
 
 These are not timed tests: the figures are not checked here (this machine
-is shared and noisy); `benchmarks/README.md` holds the measured ones.
+is shared and noisy); `benchmarks/README.md` holds the measured ones. The
+exception is `command_path.py`, whose figures are counts, not times: the
+ones docs/architecture.md shows must be what it traces now.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -75,6 +78,26 @@ def test_gpu_benchmark_starts_nothing_once_its_budget_is_spent(tmp_path):
     for part in ("step overhead", "stop latency", "saves of 0.001 GB"):
         assert f"(skipped: {part}, the --budget-s is spent)" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "SUMMARY gpu: torch: nothing measured"
+
+
+def test_command_path_traces_each_path_and_the_docs_show_what_it_traces_now(tmp_path):
+    """``command_path.py`` (TensorFlow) traces a CLI ``stop`` and ``abort``,
+    a panel click and a `TrainLoop` ``stop``; its figures are deterministic,
+    and the block of them in docs/architecture.md is what it prints now."""
+    result = quick_run("command_path", tmp_path, measured=False, timeout=240)
+    summary = result.stdout.strip().splitlines()[-1]
+    figures = r"\d+ / \d+ / \d+"
+    assert re.fullmatch(
+        rf"SUMMARY command_path: tensorflow: whole command \(modules / hops / re-entries\) cli-stop {figures}; "
+        rf"cli-abort {figures}; panel-stop {figures}; loop-stop {figures}; targets met [0-4] of 4; rounds agree",
+        summary), summary
+    begin, end = "<!-- command-path:begin -->", "<!-- command-path:end -->"
+    printed = result.stdout[result.stdout.index(begin):result.stdout.index(end) + len(end)]
+    docs = (REPO / "docs" / "architecture.md").read_text()
+    assert docs.count(begin) == 1 and docs.count(end) == 1
+    shown = docs[docs.index(begin):docs.index(end) + len(end)]
+    assert shown == printed, ("docs/architecture.md shows other command path figures than the benchmark traces now: "
+                              "run `python benchmarks/command_path.py --write-docs`\n" + printed)
 
 
 def quick_run(script: str, tmp_path, *options: str, timeout: float = 120, measured: bool = True

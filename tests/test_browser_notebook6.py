@@ -25,6 +25,7 @@ import pytest
 from browser_harness import (  # noqa: F401  (browser, page, jupyter: fixtures)
     NEEDS_CHROMIUM,
     TOKEN,
+    TRAIN_CELLS,
     browser,
     jupyter,
     notebook_json,
@@ -46,26 +47,9 @@ BUTTONS = ["Save", "Stop", "Abort", "Pause", "Rollback"]
 
 CELLS = [
     "%load_ext jupyter_traincontrol",
-    # A tiny model, and batches slow enough to click while it trains.
-    """import time
-import numpy as np
-import keras
-
-rng = np.random.default_rng(0)
-x = rng.normal(size=(512, 8)).astype("float32")
-y = (x @ rng.normal(size=(8, 1))).astype("float32")
-
-def build_model():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
-
-class Slow(keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        time.sleep(0.05)""",
-    """%%interruptible_fit --name nb6 --checkpoint-dir {ck}/nb6
-history = build_model().fit(x, y, epochs=200, validation_split=0.125, callbacks=[Slow()], verbose=0)""",
+    # The browser tests' tiny model, and batches slow enough to click while it trains.
+    TRAIN_CELLS[0].removeprefix("%load_ext jupyter_traincontrol\n"),
+    TRAIN_CELLS[1].replace("nb-busy", "nb6"),
     """%%interruptible_fit --name nb6-interrupt --checkpoint-dir {ck}/nb6-interrupt
 history = build_model().fit(x, y, epochs=200, callbacks=[Slow()], verbose=0)""",
 ]
