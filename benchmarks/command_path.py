@@ -231,17 +231,7 @@ def _fit_path(folder: Path, seed: int, command: str) -> dict[str, list]:
     began = threading.Event()
     fit = lambda: model.fit(x, y, batch_size=4, epochs=3, verbose=0,  # noqa: E731
                             callbacks=[control, _slow_batches(began)])
-    tracer = Tracer()
-    tracer.start()
-    trainer = threading.Thread(target=fit, name=_TRAINER)
-    trainer.start()
-    try:
-        _wait(began, "the fit's batch")
-        sender = _send_from_cli(tracer, name, command)
-    finally:
-        trainer.join(120)
-        tracer.stop()
-    return _segments(tracer, name, sender, _TRAINER, "ControlCallback.on_train_end")
+    return _traced_from_cli(name, command, fit, began, "the fit's batch", "ControlCallback.on_train_end")
 
 
 def _panel_path(folder: Path, seed: int) -> dict[str, list]:
@@ -294,17 +284,24 @@ def _loop_path(folder: Path, seed: int) -> dict[str, list]:
                     time.sleep(0.05)
                     loop.log(loss=float(model.train_on_batch(xb, yb)))
 
+    return _traced_from_cli(name, "stop", train, began, "the loop's item", "LoopSession.close")  # what __exit__ calls
+
+
+def _traced_from_cli(name: str, command: str, train, began: threading.Event, what: str, end: str) -> dict[str, list]:
+    """Traces `train` on a thread of its own and the CLI's `command` sent
+    once `began` is set (`what` says what it waits for), to the training's
+    `end` (the function whose call ends it)."""
     tracer = Tracer()
     tracer.start()
     trainer = threading.Thread(target=train, name=_TRAINER)
     trainer.start()
     try:
-        _wait(began, "the loop's item")
-        sender = _send_from_cli(tracer, name, "stop")
+        _wait(began, what)
+        sender = _send_from_cli(tracer, name, command)
     finally:
         trainer.join(120)
         tracer.stop()
-    return _segments(tracer, name, sender, _TRAINER, "LoopSession.close")  # what `__exit__` calls
+    return _segments(tracer, name, sender, _TRAINER, end)
 
 
 def _wait(event: threading.Event, what: str) -> None:
