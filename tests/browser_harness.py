@@ -256,6 +256,18 @@ def open_notebook(page, server: JupyterServer, name: str = "train.ipynb") -> Non
     wait_idle(page)
 
 
+def open_classic_notebook(page, server: JupyterServer, cells: list[str], tmp_path, timeout_ms: float = 90_000) -> None:
+    """Writes a notebook of `cells` (``{ck}``: the test's checkpoint folder)
+    as ``train.ipynb``, opens it in classic Notebook (Notebook 6, or
+    nbclassic's), and waits for its kernel to connect."""
+    (server.root / "train.ipynb").write_text(notebook_json([source.replace("{ck}", str(tmp_path / "ck"))
+                                                            for source in cells]))
+    where = "nbclassic/notebooks" if server.app == "nbclassic" else "notebooks"
+    page.goto(f"{server.url}/{where}/train.ipynb?token={TOKEN}")
+    page.wait_for_function("() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel"
+                           " && Jupyter.notebook.kernel.is_connected()", timeout=timeout_ms)
+
+
 def start_training_notebook(jupyter, page, tmp_path, app: str = "lab", cells: list[str] = TRAIN_CELLS) -> JupyterServer:
     """Opens a notebook of `cells` (`TRAIN_CELLS` by default) in JupyterLab
     (or Notebook 7, with ``app="notebook"``) and runs its first cell (the

@@ -24,11 +24,10 @@ import pytest
 
 from browser_harness import (  # noqa: F401  (browser, page, jupyter: fixtures)
     NEEDS_CHROMIUM,
-    TOKEN,
     TRAIN_CELLS,
     browser,
     jupyter,
-    notebook_json,
+    open_classic_notebook,
     page,
     record_of,
     screenshot,
@@ -107,12 +106,7 @@ def shoot_both_widths(page, panel, what: str) -> None:
 def test_notebook6_panel_renders_and_stop_and_interrupt_end_runs_with_a_checkpoint(jupyter, page, tmp_path):
     assert version("ipywidgets") == "7.7.1" and version("widgetsnbextension") == "3.6.10"
     assert version("notebook").startswith("6.")
-    server = jupyter("notebook6")
-    cells = [source.replace("{ck}", str(tmp_path / "ck")) for source in CELLS]
-    (server.root / "train.ipynb").write_text(notebook_json(cells))
-    page.goto(f"{server.url}/notebooks/train.ipynb?token={TOKEN}")
-    page.wait_for_function("() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel"
-                           " && Jupyter.notebook.kernel.is_connected()", timeout=60_000)
+    open_classic_notebook(page, jupyter("notebook6"), CELLS, tmp_path, timeout_ms=60_000)
     for index in (0, 1):
         run_cell(page, index)
         wait_cell_done(page, index)

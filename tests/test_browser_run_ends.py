@@ -21,11 +21,11 @@ import pytest
 from browser_harness import (  # noqa: F401  (browser, page, jupyter: fixtures)
     NEEDS_CHROMIUM,
     PANEL,
-    TOKEN,
     TRAIN_CELLS,
     browser,
     jupyter,
     notebook_json,
+    open_classic_notebook,
     open_notebook,
     page,
     record_of,
@@ -227,12 +227,7 @@ def test_a_run_the_history_let_go_is_named_in_its_place_without_claiming_checkpo
 def test_classic_notebook_panel_asks_before_abort_and_old_notices_go(jupyter, page, tmp_path):
     """Classic Notebook loads no JupyterLab extension: clicks travel as comm
     messages, and the panel asks with its own "Confirm abort" step."""
-    server = jupyter("nbclassic")
-    cells = [source.replace("{ck}", str(tmp_path / "ck")) for source in CELLS]
-    (server.root / "train.ipynb").write_text(notebook_json(cells))
-    page.goto(f"{server.url}/nbclassic/notebooks/train.ipynb?token={TOKEN}")
-    page.wait_for_function("() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel"
-                           " && Jupyter.notebook.kernel.is_connected()", timeout=90_000)
+    open_classic_notebook(page, jupyter("nbclassic"), CELLS, tmp_path)
 
     def run(index: int) -> None:
         page.evaluate(f"() => Jupyter.notebook.execute_cells([{index}])")
