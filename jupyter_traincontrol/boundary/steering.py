@@ -182,7 +182,8 @@ class Steering:
             said_by: Who, in words, for the run's log. Defaults to `by`.
         """
         trained, progress = self.trained, self.progress
-        before, kept = self.tunables.read(), self.holding()
+        before = self.tunables.read()
+        kept = self.holding(before)
         step_before = trained.step()
         skipped = []
         for candidate in reversed(checkpoints):
@@ -243,18 +244,24 @@ class Steering:
         around = self.tunables.as_built() if self.tunables.schedule_replaced else contextlib.nullcontext()
         return SaveTerms(self.refuse_checkpoint(), self.holding(), around)
 
-    def holding(self) -> dict[str, float]:
+    def holding(self, current: dict[str, float | None] | None = None) -> dict[str, float]:
         """The values steered in this run that still hold: a later change
         by a callback (`ReduceLROnPlateau`) or a scheduler wins over a
         ``set`` made before it. While a ``set`` has replaced the learning
         rate's schedule, the constant training uses is one of them, whoever
-        changed it last (the model file holds the schedule: `as_built`)."""
+        changed it last (the model file holds the schedule: `as_built`).
+
+        Args:
+            current: Every value as `Tunables.read` just read it; None: the
+                ones needed are read now.
+        """
         if not self.overrides:
             return {}
-        names = list(self.overrides)
-        if self.tunables.schedule_replaced and "learning_rate" not in names:
-            names.append("learning_rate")
-        current = self.tunables.read(names)
+        if current is None:
+            names = list(self.overrides)
+            if self.tunables.schedule_replaced and "learning_rate" not in names:
+                names.append("learning_rate")
+            current = self.tunables.read(names)
         held = {name: value for name, value in self.overrides.items() if _same(current.get(name), value)}
         if self.tunables.schedule_replaced and current.get("learning_rate") is not None:
             held["learning_rate"] = current["learning_rate"]

@@ -247,10 +247,16 @@ class CheckpointStore:
         line of that object's earlier run, `lineage`, as if it had resumed."""
         self._line = lineage
 
-    def earlier(self) -> list[Checkpoint]:
+    def earlier(self, checkpoints: list[Checkpoint] | None = None) -> list[Checkpoint]:
         """The complete checkpoints of this run's name that are not of its
-        line (earlier runs it did not resume), oldest first; they stay."""
-        return [checkpoint for checkpoint in self.list() if checkpoint.lineage != self._line]
+        line (earlier runs it did not resume), oldest first; they stay.
+
+        Args:
+            checkpoints: This run's checkpoints as already listed (`known`);
+                None: the folder is read now.
+        """
+        return [checkpoint for checkpoint in (self.list() if checkpoints is None else checkpoints)
+                if checkpoint.lineage != self._line]
 
     def _of_line(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
         return [checkpoint for checkpoint in checkpoints if checkpoint.lineage == self._line]

@@ -84,9 +84,14 @@ def _keys(callbacks: Iterable[Any]) -> list[tuple[str, Any]]:
     return keyed
 
 
+def _offers_protocol(callback: Any) -> bool:
+    """True if `callback` keeps its own state: ``state_dict()`` and ``load_state_dict(state)``."""
+    return callable(getattr(callback, "state_dict", None)) and callable(getattr(callback, "load_state_dict", None))
+
+
 def _state_of(callback: Any) -> dict[str, Any] | None:
     """What is kept of `callback`, or None if nothing is known to keep."""
-    if callable(getattr(callback, "state_dict", None)) and callable(getattr(callback, "load_state_dict", None)):
+    if _offers_protocol(callback):
         state = callback.state_dict()
         if not isinstance(state, Mapping):
             raise TypeError(f"{type(callback).__name__}.state_dict() returned a {type(state).__name__}; "
@@ -211,7 +216,7 @@ class CallbackStates:
                 if _keras_class(callback) not in _STATELESS:
                     not_restored.append(name)
                 continue
-            if callable(getattr(callback, "load_state_dict", None)):
+            if _offers_protocol(callback):
                 callback.load_state_dict(state)
             else:
                 for attribute, value in state.items():

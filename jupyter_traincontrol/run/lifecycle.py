@@ -324,7 +324,7 @@ class RunLifecycle:
         store = self.store
         if resuming or store is None or store.looked_for_resume:
             return listening
-        earlier = earlier_run_words(store.directory, store.earlier())
+        earlier = earlier_run_words(store.directory, store.earlier(store.known))  # listed as the run opened
         if earlier is None:
             return listening
         self.journal.log("info", earlier)
