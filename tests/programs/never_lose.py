@@ -1,6 +1,7 @@
 """A training script for the never-lose tests: a Keras `fit`, fits in a with block, or a PyTorch `TrainLoop`.
 
-Prints ``READY NAME FIFO`` once the first batch (item) has trained,
+Prints ``READY NAME FIFO`` once the first batch (item) has trained (before
+its ``--batch-sleep``),
 ``TRAIN_END`` from a callback of the user's ``on_train_end`` (a `fit`'s,
 after the run's), ``CHECKPOINTS [...]`` as the training ends (there, or
 at the end of the loop's with block), and
@@ -39,10 +40,10 @@ def train_fit(args, control_options) -> dict:
             self.control, self.ready = control, False
 
         def on_train_batch_end(self, batch, logs=None):
-            time.sleep(args.batch_sleep)
             if not self.ready and self.control.fifo:
                 self.ready = True
                 print(f"READY {self.control.name} {self.control.fifo}", flush=True)
+            time.sleep(args.batch_sleep)  # after READY: a signal sent on READY arrives before the next boundary
 
         def on_train_end(self, logs=None):  # after the run's: its last checkpoint is written
             print("TRAIN_END", flush=True)
@@ -86,11 +87,11 @@ def train_loop(args, control_options) -> dict:
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-                loop.log(loss=float(loss))
+                loop.log(loss=loss.item())
                 trained += 1
-                time.sleep(args.batch_sleep)
                 if trained == 1:
                     print(f"READY {loop.name} {loop.fifo}", flush=True)
+                time.sleep(args.batch_sleep)  # after READY: a signal sent on READY arrives before the next boundary
         print("CHECKPOINTS " + json.dumps([str(path) for path in loop.checkpoints]), flush=True)
     return {"state": loop.state, "trained": trained}
 
