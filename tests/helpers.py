@@ -249,7 +249,7 @@ def press_ctrl_c_twice_the_second_in_a_gc_callback() -> None:
     assert pressed, "the garbage collector did not call back"
 
 
-def _default_signals() -> None:
+def default_signals() -> None:
     """SIGINT and SIGTERM as a terminal or a scheduler finds them (a runner
     started as a background job has SIGINT ignored, and a runner may ignore
     SIGTERM too)."""
@@ -275,7 +275,7 @@ class TrainingProcess:
             argv,
             stdin=subprocess.PIPE if linger else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-            preexec_fn=_default_signals,
+            preexec_fn=default_signals,
         )
         self._stderr_lines: list[str] = []
         self._stderr_changed = threading.Condition()

@@ -23,6 +23,8 @@ from helpers import REPO, child_env
     "callback_state_cost",
     # A 2-process JAX job (jax is in the test extra).
     pytest.param("distributed", marks=pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")),
+    # A 2-rank torchrun DDP job (gloo on CPU) under TrainLoop.
+    pytest.param("torch_job", marks=pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")),
 ])
 def test_benchmark_quick_run_prints_its_summary(script, tmp_path):
     quick_run(script, tmp_path)

@@ -284,7 +284,7 @@ def test_a_command_that_reaches_the_job_after_a_peer_ended_fit_is_answered_at_on
     result = cli("send", "late", "save", "--wait", "30", timeout=60)
     answered_in = time.monotonic() - started
     assert result.returncode == 6, (result.returncode, result.stdout, result.stderr)
-    assert "not applied: process 1 of 2 has ended fit" in result.stderr
+    assert "not applied: process 1 of 2 has ended its training" in result.stderr
     assert answered_in < 30, answered_in  # the 5 s of work, then at once (not the 60 s agree timeout)
     assert job.wait(120) == [0, 0], [text[-3000:] for text in job.stderr]
     finals = [next(e for e in job.events(i) if e["kind"] == "final") for i in range(2)]

@@ -34,7 +34,7 @@ import keras
 from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
 from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS, check_autosave
 from ..boundary.tunables import check_user_tunables
-from ..job import Job, current_job
+from ..job import Job, current_jax_job
 from ..protocol import Command, Request, RunState
 from ..run import RunLifecycle
 from ..system.sigterm import DEFAULT_SIGTERM_GRACE, check_sigterm_grace
@@ -179,7 +179,7 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         self.handle_sigterm = handle_sigterm
         self.sigterm_grace = check_sigterm_grace(sigterm_grace)  # checked now, not at train begin
         # A multi-process JAX job: commands agreed across its processes.
-        self.job = current_job() if job is None or job is True else (job or None)
+        self.job = current_jax_job() if job is None or job is True else (job or None)
         self.tunables = check_user_tunables(tunables)
         self.on_nan = check_policy(on_nan, nan_rollbacks)
         self.nan_rollbacks = nan_rollbacks

@@ -64,12 +64,18 @@ class Agreement:
         agree_timeout: Seconds to wait for every process's word on a step.
         refused: Called (on the watcher thread) with a request this process
             proposed that the job cannot apply, and why. Defaults to None.
+        agreed: Called (on the watcher thread) with each request the job
+            agreed on, before any process applies it. Defaults to None.
+        unit: What a process is called in messages. Defaults to ``process``.
     """
 
     def __init__(self, coordination: Coordination, process_id: int, num_processes: int, agree_timeout: float,
-                 refused: Callable[[Request, str], None] | None = None):
+                 refused: Callable[[Request, str], None] | None = None,
+                 agreed: Callable[[Request], None] | None = None, unit: str = "process"):
         self.coordination = coordination
         self.refused = refused
+        self.agreed = agreed
+        self.unit = unit
         self.process_id = process_id
         self.num_processes = num_processes
         self.agree_timeout = agree_timeout
@@ -86,7 +92,7 @@ class Agreement:
     def propose(self, request: Request) -> None:
         """Proposes `request` to every process (any thread; does not wait).
         If a process has already ended its `fit`, it is refused at once instead."""
-        ended = next((process for process in range(self.num_processes) if self._ended(process)), None)
+        ended = next((process for process in range(self.num_processes) if self.ended(process)), None)
         if ended is not None and self.refused is not None:
             self.refused(request, self._not_applied(ended))
             return
@@ -141,6 +147,8 @@ class Agreement:
         ended = [process for process, word in enumerate(words) if word is None]
         with self._lock:
             if not ended:
+                if self.agreed is not None:
+                    self.agreed(request)
                 heapq.heappush(self._agreed, (max(int(word) for word in words), seq, request))
             self.next_seq = seq + 1
         self._open()
@@ -160,23 +168,23 @@ class Agreement:
         return self.dispatched if self.due(self.dispatched) else self.dispatched + 1
 
     def _not_applied(self, ended: int) -> str:
-        return f"process {ended} of {self.num_processes} has ended fit; the job did not apply it"
+        return f"{self.unit} {ended} of {self.num_processes} has ended its training; the job did not apply it"
 
     def _word_of(self, process: int, seq: int, request: Request) -> str | None:
         """Where `process` can apply proposal `seq`; None if it has ended its `fit`."""
         kv = self.coordination
         try:
-            return kv.wait_for(kv.key("at", seq, process), self.agree_timeout, f"process {process} to agree on {request}",
-                               give_up=lambda: self._ended(process))
+            return kv.wait_for(kv.key("at", seq, process), self.agree_timeout, f"{self.unit} {process} to agree on {request}",
+                               give_up=lambda: self.ended(process))
         except (TimeoutError, RuntimeError) as error:
             if isinstance(error, JobLostError):
                 raise
             raise RuntimeError(
-                f"Process {process} of {self.num_processes} did not agree on a step for {request} "
+                f"{self.unit.capitalize()} {process} of {self.num_processes} did not agree on a step for {request} "
                 f"within {self.agree_timeout:g} s: {first_line(error)}"
             ) from None
 
-    def _ended(self, process: int) -> bool:
+    def ended(self, process: int) -> bool:
         """True once `process` said in its heartbeat that its `fit` ended."""
         if process == self.process_id:
             return False

@@ -90,7 +90,8 @@ class FollowerStore(_JobStore):
     Args:
         store: The run's store (on the job's shared folder).
         coordination: The job's key-value store.
-        model: The model (its save takes part in the collectives).
+        model: A Keras model (its save takes part in the collectives), or
+            None (a torch loop's state: process 0 reads it alone).
         save_timeout: Seconds to wait for process 0's checkpoint.
     """
 
@@ -111,10 +112,11 @@ class FollowerStore(_JobStore):
 
     def save(self, source, *args, **kwargs) -> Checkpoint:
         key = self._next_key()
-        # Serializing the model's global arrays takes collectives: run the
-        # same `model.save` as process 0 (into a scratch file), in step with it.
-        with tempfile.TemporaryDirectory(prefix="traincontrol-follower-") as scratch:
-            self._model.save(os.path.join(scratch, "model.keras"))
+        if self._model is not None:
+            # Serializing a Keras model's global arrays takes collectives: run the
+            # same `model.save` as process 0 (into a scratch file), in step with it.
+            with tempfile.TemporaryDirectory(prefix="traincontrol-follower-") as scratch:
+                self._model.save(os.path.join(scratch, "model.keras"))
         try:
             said = json.loads(self._kv.wait_for(key, self._save_timeout, "process 0's checkpoint"))
         except Exception as error:

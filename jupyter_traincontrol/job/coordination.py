@@ -1,13 +1,15 @@
 """A job's key-value store: the keys of one `fit`, and waits that a lost process ends.
 
-The processes of a job meet in the JAX coordination service's key-value
-store (``key_value_set``, ``blocking_key_value_get``,
-``key_value_increment``, ``key_value_dir_get``, ``key_value_try_get``).
+The processes of a job meet in a key-value store: the JAX coordination
+service's (``key_value_set``, ``blocking_key_value_get``,
+``key_value_increment``, ``key_value_try_get``, and ``key_value_dir_get``
+where it lists a folder), or a torch process group's, through
+`torch_store.TorchStoreClient`.
 `Coordination` keeps the keys of one `fit` under one prefix, and
 `wait_for` waits in slices, so a peer found lost (`lost`) ends every wait
-at once. The other parts of the job (agreement, liveness, checkpoints) work
-through it; it knows none of them. Any client with those five methods will
-do (the tests use a dict-backed one).
+at once. The other parts of the job (agreement, liveness, checkpoints,
+receipts) work through it; it knows none of them. Any client with those
+methods will do (the tests use a dict-backed one).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Coordination:
         self.slice_seconds = slice_seconds
         self.prefix: str | None = None
         self.lost: str | None = None
+        #: True if the client reads a folder's keys in one call (``key_value_dir_get``).
+        self.lists_folders = callable(getattr(client, "key_value_dir_get", None))
 
     def begin(self, prefix: str) -> None:
         """Keys from now on live under `prefix` (one `fit`); nothing is lost."""

@@ -52,6 +52,7 @@ from .checkpoints import FollowerStore, LeaderStore
 from .coordination import KEY_ROOT, Coordination, JobLostError, first_line
 from .liveness import Heartbeat, Peers, exit_when_stuck
 from .port import JobRun
+from .receipts import Receipts
 from .signals import PreemptionNotice, SigtermRelay
 
 __all__ = ["Job", "JobLostError", "JOB_REGISTRY"]
@@ -65,6 +66,8 @@ JOB_REGISTRY = ".job-processes"
 #: `fit` wakes it at once with an end marker; without the coordinator, the
 #: most that ending waits for it).
 _WATCH_SECONDS = 0.1
+#: How long process 0, as its run ends, waits for the other processes' answers to a command.
+_RECEIPT_WAIT_SECONDS = 10.0
 _fit_counter = itertools.count()
 
 
@@ -96,11 +99,13 @@ class Job:
             SIGTERM (`current_job` finds out): the job then watches its
             notice instead of installing a SIGTERM handler. Defaults to
             False.
+        unit: What a process is called in messages and receipts
+            (``rank`` in a torch job). Defaults to ``process``.
     """
 
     def __init__(self, client, process_id: int, num_processes: int, *, lost_after: float = 10.0,
                  heartbeat_seconds: float = 1.0, agree_timeout: float = 60.0, save_timeout: float = 600.0,
-                 exit_grace: float | None = 10.0, preemption_service: bool = False):
+                 exit_grace: float | None = 10.0, preemption_service: bool = False, unit: str = "process"):
         for name, value in (("lost_after", lost_after), ("heartbeat_seconds", heartbeat_seconds)):
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"Job's {name} must be a number of seconds above 0, got {value!r}.")
@@ -117,8 +122,10 @@ class Job:
         self.save_timeout = save_timeout
         self.exit_grace = exit_grace
         self.preemption_service = preemption_service
+        self.unit = unit
         self.kv = Coordination(client, heartbeat_seconds)
-        self.agreement = Agreement(self.kv, process_id, num_processes, agree_timeout, self._refuse)
+        self.agreement = self._new_agreement()
+        self._receipts: Receipts | None = None
         self.lost_process: int | None = None
         self._watcher: threading.Thread | None = None
         self._closing = threading.Event()
@@ -141,7 +148,16 @@ class Job:
         return self.kv.lost
 
     def describe(self) -> str:
-        return f"process {self.process_id} of {self.num_processes}"
+        return f"{self.unit} {self.process_id} of {self.num_processes}"
+
+    def _new_agreement(self) -> Agreement:
+        return Agreement(self.kv, self.process_id, self.num_processes, self.agree_timeout, self._refuse,
+                         agreed=self._agreed, unit=self.unit)
+
+    def _agreed(self, request: Request) -> None:
+        receipts = self._receipts
+        if receipts is not None:
+            receipts.agreed(request)
 
     # Before and after the run opens --------------------------------------------
 
@@ -153,10 +169,10 @@ class Job:
         self.lost_process = None
         self._closing = threading.Event()  # its own per fit: a late watcher never sees the next one's
         self._verdict.clear()
-        self.agreement = Agreement(self.kv, self.process_id, self.num_processes, self.agree_timeout, self._refuse)
+        self.agreement = self._new_agreement()
         self._peers = Peers(self.process_id, self.num_processes, self.lost_after, self.agree_timeout)
         if not self.leader:
-            run.rename(self.kv.wait_for(self.kv.key("name"), self.agree_timeout, "process 0 to name the run"))
+            run.rename(self.kv.wait_for(self.kv.key("name"), self.agree_timeout, f"{self.unit} 0 to name the run"))
 
     def registry(self) -> Path | None:
         """Where this process lists its record: None (the registry) for
@@ -173,21 +189,30 @@ class Job:
             return LeaderStore(store, self.kv)
         return FollowerStore(store, self.kv, model if model is not None else self._model, self.save_timeout)
 
-    def opened(self, run: JobRun, progress, fit, on_lost: Callable[[str], None], model=None) -> None:
+    def opened(self, run: JobRun, progress, fit, on_lost: Callable[[str], None], model=None,
+               step_of: Callable[[], int] | None = None) -> None:
         """After the run opened (training thread): shares the name, takes
-        SIGTERM, starts the watcher thread (proposals, heartbeats).
+        SIGTERM, answers the sender for every process (`receipts`), starts
+        the watcher thread (proposals, heartbeats, receipts).
 
         Args:
             run: The run, open.
-            progress: The fit's counters (its ``metrics``).
-            fit: Where `fit` is: ``thread_id`` and ``frame`` (`FitWatchdog`).
+            progress: The training's counters (its ``metrics``, ``boundary``).
+            fit: Where the training is: ``thread_id`` and ``frame`` (a `fit`'s
+                `FitWatchdog`; a loop's with block).
             on_lost: Ends the run ``failed`` with a message (from any
                 thread), returning once it has ended (an end in progress
                 on another thread is waited for).
-            model: The model being trained (a follower's saves run its ``save``).
+            model: A Keras model being trained (a follower's saves run its
+                ``save``), or None.
+            step_of: The step a receipt names. Defaults to the steps
+                trained since the run opened (``progress.boundary``).
         """
         if self.leader:
             self.kv.set(self.kv.key("name"), run.name)
+        self._receipts = Receipts(self.kv, self.process_id, self.num_processes, self.unit,
+                                  step_of or (lambda: progress.boundary), self.agreement.ended)
+        run.journal.receipt = self._receipts.relay(run.journal.settle)
         self._on_lost = on_lost
         self._run = run
         self._progress = progress
@@ -235,9 +260,9 @@ class Job:
         if self._closing.is_set():
             return self._explain(error)
         watcher = self._watcher
-        if (str(final_state) == "failed" and self.lost is None and watcher is not None and watcher.is_alive()
-                and not on_stack(self._fit_thread_id, self._fit_frame)):
-            self._verdict.wait(self.lost_after + 2 * self.heartbeat_seconds)
+        if str(final_state) == "failed" and not on_stack(self._fit_thread_id, self._fit_frame):
+            self.await_verdict()
+        self._settle_receipts()
         self._closing.set()
         if self._sigterm is not None:
             self._sigterm.retire()
@@ -270,6 +295,32 @@ class Job:
             watcher.join(timeout=self.heartbeat_seconds + _WATCH_SECONDS + 5)
         self._watcher = None
         return error
+
+    def await_verdict(self) -> None:
+        """The training failed while every peer still looked alive (a
+        collective fails at once when a peer dies): waits, at most
+        `lost_after` and two heartbeats, for the watcher to find which peer
+        was lost (at once if none could be: no watcher, or one found)."""
+        watcher = self._watcher
+        if self.lost is None and watcher is not None and watcher.is_alive() and not self._closing.is_set():
+            self._verdict.wait(self.lost_after + 2 * self.heartbeat_seconds)
+
+    def _settle_receipts(self) -> None:
+        """Process 0 answers what it holds back (waiting a little for the
+        others' answers unless a process was lost); the journal answers
+        as usual from now on."""
+        receipts = self._receipts
+        if receipts is None:
+            return
+        if self.leader:
+            try:
+                receipts.finish(0 if self.lost else min(self.agree_timeout, _RECEIPT_WAIT_SECONDS))
+            except Exception as error:  # the coordinator is gone: answer with what is known
+                logger.warning("[job %s] could not read the job's answers to its commands: %s", self.describe(),
+                               first_line(error))
+                receipts.collect(final=True)
+        self._run.journal.receipt = None
+        self._receipts = None
 
     def run_ended(self) -> None:
         """The run of this `fit` has ended, its last record written (the
@@ -320,6 +371,9 @@ class Job:
         while not closing.is_set():
             try:
                 self.agreement.receive(min(_WATCH_SECONDS, self.heartbeat_seconds))
+                receipts = self._receipts
+                if receipts is not None and receipts.waiting:
+                    receipts.collect()
                 if time.monotonic() - last_beat >= self.heartbeat_seconds and not closing.is_set():
                     last_beat = time.monotonic()
                     self._heartbeat.beat()
@@ -357,7 +411,7 @@ class Job:
         `exit_grace` is None, ends the process if it stays stuck (both on
         a thread of their own: the watcher returns at once)."""
         self.lost_process = process
-        self.kv.lost = f"Process {process} of {self.num_processes} was lost: {why}."
+        self.kv.lost = f"{self.unit.capitalize()} {process} of {self.num_processes} was lost: {why}."
         logger.error("[job %s] %s", self.describe(), self.kv.lost)
         self._verdict.set()
         threading.Thread(target=self._after_loss, name="traincontrol-job-lost", daemon=True).start()

@@ -1,7 +1,6 @@
 """Which process of a job was lost: heartbeats, and a bounded way out.
 
-Each process of a job writes a heartbeat into the JAX coordination
-service's key-value store (its state, step, host and pid) every
+Each process of a job writes a heartbeat into the job's key-value store (its state, step, host and pid) every
 `Job.heartbeat_seconds`; each reads the others'. `Peers` turns what it read
 into a verdict:
 
@@ -162,10 +161,17 @@ class Heartbeat:
                     json.dumps({"beat": next(self._beats), **self._where, **self.state_of()}), overwrite=True)
 
     def read_peers(self, now: float) -> None:
-        """Reads every process's last heartbeat into `peers`."""
+        """Reads every process's last heartbeat into `peers` (in one read
+        where the store lists a folder, else one read a process)."""
         beats = {}
-        for key, value in self.kv.entries(self.kv.key("beat") + "/"):
-            beats[int(key.rsplit("/", 1)[1])] = json.loads(value)
+        if self.kv.lists_folders:
+            for key, value in self.kv.entries(self.kv.key("beat") + "/"):
+                beats[int(key.rsplit("/", 1)[1])] = json.loads(value)
+        else:
+            for process in range(self.peers.num_processes):
+                value = self.kv.try_get(self.kv.key("beat", process))
+                if value is not None:
+                    beats[process] = json.loads(value)
         self.peers.update(beats, now)
 
 

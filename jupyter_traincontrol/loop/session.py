@@ -5,7 +5,11 @@
 commands' actions, saves and steering, the NaN policy, the resume and the
 safeguards (Ctrl+C, SIGTERM, autosave), on one `contextlib.ExitStack`. Its boundary methods
 (`epoch_began`, `item_done`, `epoch_ended`) are where waiting commands act,
-on the loop's thread; they are the same boundary layer as `fit`'s.
+on the loop's thread; they are the same boundary layer as `fit`'s. In a job
+(a torch process group, a JAX distributed runtime: `job.Job`) every
+process applies each command at one agreed item (`item_begins` waits while
+the job agrees on one), process 0 writes the checkpoints, and SIGTERM on
+any process stops them all.
 """
 
 from __future__ import annotations
@@ -46,11 +50,17 @@ class LoopSession:
             ``nan_rollbacks``, ``handle_sigint``, ``handle_sigterm``,
             ``sigterm_grace``, ``autosave``, ``save_in_background``,
             ``verbose``, ``model``).
+        job: This process's part in a job, or None.
+        where: Where the loop runs, for a job: ``thread_id``, and ``frame``
+            (the one that entered the ``with`` block).
     """
 
-    def __init__(self, run, owns_run: bool, trained, tunables, settings):
+    def __init__(self, run, owns_run: bool, trained, tunables, settings, job=None, where=None):
         self.run = run
         self.owns_run = owns_run
+        self.job = job
+        self._where = where
+        self.gate = None  # in a job: the agreed channel, whose gate the loop's boundaries pass
         self.trained = trained
         self.tunables = tunables
         self.settings = settings
@@ -87,33 +97,45 @@ class LoopSession:
 
     def _open(self) -> None:
         run, stack, settings, progress = self.run, self._stack, self.settings, self.progress
+        job = self.job
         if self.owns_run:
+            if job is not None:
+                job.begin(run)
+                stack.callback(job.run_ended)  # last: once the run's final record is written
             run.open()
             stack.callback(self._close_run)
         else:
             stack.callback(self._log_error)
         run.follow(progress)
         stack.callback(run.unfollow)
-        background = settings.save_in_background and getattr(self.trained, "snapshots", False)
-        saves = SaveScheduler(self.trained, run, progress, self.say, background=background,
-                              resume_state=self._resume_state, autosave=settings.autosave)
+        # A job saves on the loop's thread, its processes in step (process 0 writes, the others wait for its word).
+        store = job.store(run.store, self._model()) if job is not None else run.store
+        background = settings.save_in_background and getattr(self.trained, "snapshots", False) and job is None
+        saves = SaveScheduler(self.trained, run, progress, self.say, background=background, store=store,
+                              resume_state=self._resume_state, autosave=settings.autosave if job is None else None)
         refused = getattr(self.trained, "steering_refused", None)
         steering = (StatelessSteering(refused, self.trained, self.tunables, run, progress, self.say) if refused
                     else Steering(self.trained, self.tunables, run, progress, self.say))
         steering.wait_for_saves = saves.wait_for_writes
         saves.policy = steering
-        self.actions = CommandActions(self.trained, run, run.channel, progress, saves, self._end, self.say, steering)
+        channel = run.channel
+        if job is not None:  # commands of a job: proposed to all, applied by all at one item
+            job.opened(run, progress, self._where, self.end_lost, self._model(), step_of=self.step)
+            stack.callback(self._leave_job)
+            channel = self.gate = job.channel(channel, progress)
+        self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end, self.say, steering)
         self.nan_policy = NanPolicy(settings.on_nan, steering, self.actions.stop_without_checkpoint, self.say,
                                     settings.nan_rollbacks)
-        run.store.acquire()
-        stack.callback(run.store.release)
+        store.acquire()
+        stack.callback(store.release)
         stack.callback(self.actions.detach)  # the saves end while the folder is still held
         if settings.resume:
-            self._resume()
+            self._resume(store)
         steering.begin(self.resumed)
         main = self.owns_run and on_main_thread()  # a notebook cell's run is the kernel's (its shutdown path)
         self.safeguards = Safeguards(run, saves, self.note_interrupt, "item", sigint=settings.handle_sigint and main,
-                                     sigterm=settings.handle_sigterm and main, sigterm_grace=settings.sigterm_grace,
+                                     sigterm=settings.handle_sigterm and main and job is None,  # a job agrees its own
+                                     sigterm_grace=settings.sigterm_grace,
                                      on_second_sigint=self._on_second_sigint)
         self.safeguards.open(stack)
         if run.state == RunState.STARTING:
@@ -128,9 +150,9 @@ class LoopSession:
         if raises:  # in a signal handler: a flag (Python may swallow the KeyboardInterrupt; the next boundary won't)
             self.actions.interrupt_at_next_boundary()
 
-    def _resume(self) -> None:
+    def _resume(self, store) -> None:
         run = self.run
-        restored = run.store.restore_latest(self.trained.restore, on_skip=self._report_skipped)
+        restored = store.restore_latest(self.trained.restore, on_skip=self._report_skipped)
         checkpoint = restored.checkpoint
         if checkpoint is None:
             message = f"No checkpoint in {run.store.directory} loads: starting from scratch."
@@ -192,7 +214,7 @@ class LoopSession:
             self.random_at_epoch_start = self._restore_epoch_start(epoch)
         else:
             self.random_at_epoch_start = random_state.capture_epoch_start()
-        self.actions.apply_pending(mid_epoch=False)
+        self._act(mid_epoch=False)
 
     def _restore_epoch_start(self, epoch: int):
         """Puts back the random state the resumed epoch began with; returns
@@ -224,7 +246,7 @@ class LoopSession:
             random_state.restore_now(state)
             self._not_exact(random_state.restore_seed_generators(self._model(), state))
         if self.actions.pending:
-            self.actions.apply_pending(mid_epoch=True)
+            self._act(mid_epoch=True)
 
     def _not_exact(self, reason: str | None) -> None:
         """Says, once, what the resume could not restore."""
@@ -246,7 +268,25 @@ class LoopSession:
         if loss is not None and not math.isfinite(loss):
             self.nan_policy.on_non_finite(loss, progress.epoch, progress.step - 1)
         if self.actions.pending:
-            self.actions.apply_pending(mid_epoch=True)
+            self._act(mid_epoch=True)
+
+    def item_begins(self) -> None:
+        """An item is about to be yielded to the body: in a job, waits while
+        the job agrees on a command's step (a process does not begin an item
+        past the one it said it can act at)."""
+        if self.gate is not None:
+            self.gate.before_step(self.progress.boundary)
+
+    def _act(self, mid_epoch: bool) -> None:
+        """Applies what waits; in a job, first says it acts here, and acts
+        again for what the job agreed on meanwhile."""
+        gate = self.gate
+        if gate is not None:
+            gate.acting()
+        while True:
+            self.actions.apply_pending(mid_epoch=mid_epoch)
+            if gate is None or not gate.acted():
+                return
 
     def epoch_ended(self, epoch: int) -> None:
         """The epoch's end: its mean logs into the history, waiting commands."""
@@ -256,7 +296,7 @@ class LoopSession:
         logs = {name: sum(values) / len(values) for name, values in self._logged.items() if values}
         self.run.history.record_epoch(epoch, logs)
         progress.version += 1
-        self.actions.apply_pending(mid_epoch=False)
+        self._act(mid_epoch=False)
 
     def log(self, metrics: dict[str, Any]) -> None:
         """The body's metrics for the item in progress (``loss`` drives the NaN policy)."""
@@ -287,6 +327,14 @@ class LoopSession:
             return end_reason(str(state))
         return self.actions.end_reason(state)
 
+    def end_lost(self, message: str) -> None:
+        """A process of the job was lost (the job's threads, atexit): the run ends ``failed``."""
+        self.close(RunState.FAILED, message)
+
+    def _leave_job(self) -> None:
+        """Leaves the job; the error recorded is led by a lost process, if any."""
+        self.error = self.job.end(self.final_state, self.error)
+
     def _close_run(self) -> None:
         self.run.close(self.final_state, self.error, self.end_reason(self.final_state))
         self.say(f"Run {self.run.name!r} {self.final_state}.")
@@ -301,6 +349,8 @@ class LoopSession:
             if self._closing:
                 return
             self._closing = True
+        if self.job is not None and final_state == RunState.FAILED and self.on_loop_thread():
+            self.job.await_verdict()  # the body raised: a peer's loss, if that was why, leads the error
         self.final_state, self.error = final_state, error
         self._stack.close()
         if self.safeguards is not None and self.on_loop_thread():  # the loop's run has ended: SIGTERM goes on
@@ -311,5 +361,7 @@ class LoopSession:
         return self.actions.ended_by if self.actions is not None else None
 
     def say(self, message: str, stream=None) -> None:
-        say(message, verbose=self.settings.verbose, stream=stream)
+        """One line for the user, unless the loop is quiet; in a job, process 0 speaks for every process."""
+        follower = self.job is not None and not self.job.leader
+        say(message, verbose=self.settings.verbose and not follower, stream=stream)
 

@@ -28,20 +28,30 @@ with its traceback; leaving the block closes everything.
 
 from __future__ import annotations
 
+import threading
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
+from ..job import Job, current_job
 from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS, check_autosave
 from ..protocol import Command, RunState, final_state
 from ..run import RunLifecycle
+from ..system.frames import find_caller
 from ..system.sigterm import DEFAULT_SIGTERM_GRACE, check_sigterm_grace
 from .host import current_host
 from .session import LoopSession
 from .states import build_state
 
 __all__ = ["TrainLoop"]
+
+
+class LoopThread(NamedTuple):
+    """Where a loop runs, as a job watches it: its thread, and the frame that entered its ``with`` block."""
+
+    thread_id: int
+    frame: Any
 
 
 class TrainLoop:
@@ -94,6 +104,13 @@ class TrainLoop:
             a rollback, a ``set``). Without it, a loop with `sync` refuses
             ``set`` and ``rollback`` (they could not reach that state).
             Defaults to none.
+        job: In a job of several processes (a ``torch.distributed`` default
+            process group, from ``torchrun``, ``srun`` or
+            ``init_process_group``; or JAX's distributed runtime), made
+            before the loop's ``with`` block: the loop is found to be one
+            part of one run, whose every process applies each command at
+            the same item (`job.Job`). None finds it; False runs this
+            process alone; a `job.Job` is that one. Defaults to None.
 
     Raises:
         ValueError: For settings that do not fit together (two kinds of
@@ -107,7 +124,7 @@ class TrainLoop:
                  verbose: bool = True, nan_rollbacks: int = DEFAULT_MAX_ROLLBACKS, save_in_background: bool = True,
                  save_at_end: bool = True, sync: Callable[[], None] | None = None, handle_sigterm: bool = True,
                  sigterm_grace: float = DEFAULT_SIGTERM_GRACE, autosave: float | None = DEFAULT_AUTOSAVE_SECONDS,
-                 reload: Callable[[], None] | None = None):
+                 reload: Callable[[], None] | None = None, job: "Job | bool | None" = None):
         self.on_nan = check_policy(on_nan, nan_rollbacks)
         self.autosave = check_autosave(autosave)
         self.handle_sigterm = handle_sigterm
@@ -124,6 +141,7 @@ class TrainLoop:
         build_state(**self._parts, step=lambda: 0)  # checks the settings now, not on entry
         self._requested = (name, checkpoint_dir, keep)
         RunLifecycle(name, checkpoint_dir, keep)  # checks name and keep now
+        self._job_option = job
         self._session: LoopSession | None = None
         self._host = None
         self._epochs_done = False
@@ -134,6 +152,7 @@ class TrainLoop:
         if self._session is not None:
             raise RuntimeError("This TrainLoop was entered already; make a new one for another loop.")
         host = self._host = current_host()
+        job = None
         if host is not None:  # the notebook cell's run: its settings apply
             run, owns = host.lifecycle, False
             self.resume = host.take_resume()
@@ -144,10 +163,14 @@ class TrainLoop:
                 run.journal.log("warning", f"--resume-from {host.resume_from} is for a fit: a TrainLoop resumes "
                                            "its own run's checkpoints (--resume).")
         else:
-            run, owns = RunLifecycle(*self._requested, origin=None), True
+            option = self._job_option
+            job = current_job() if option is None or option is True else (option or None)
+            run = RunLifecycle(*self._requested, origin=None, registry=job.registry() if job is not None else None)
+            owns = True
         session = None
         trained, tunables = build_state(**self._parts, step=lambda: session.step())
-        session = self._session = LoopSession(run, owns, trained, tunables, self)
+        where = LoopThread(threading.get_ident(), find_caller(lambda frame: True)) if job is not None else None
+        session = self._session = LoopSession(run, owns, trained, tunables, self, job=job, where=where)
         session.open()
         if host is not None:
             host.driver_began(self)
@@ -219,6 +242,7 @@ class TrainLoop:
             if session.ended:
                 return
         for item in iterator:
+            session.item_begins()
             yield item
             session.item_done()
             if session.ended:

@@ -80,6 +80,10 @@ class Journal:
         self.changes: list[dict[str, Any]] = []
         self._listeners: list[Listener] = []
         self.version = 0
+        #: Set by a job for the life of its run (and put back to None): called
+        #: with each answer to a request with an id; True means it answers later
+        #: itself (`settle`), once every process of the job has.
+        self.receipt: Callable[[Request, str, str], bool] | None = None
 
     def clear(self) -> None:
         """Forgets everything (a new run of the same object)."""
@@ -113,6 +117,16 @@ class Journal:
                 message says why) or ``failed``.
             message: One line for a person.
         """
+        if request.request_id is None:
+            return
+        receipt = self.receipt
+        if receipt is not None and receipt(request, outcome, message):
+            return
+        self.settle(request, outcome, message)
+
+    def settle(self, request: Request, outcome: str, message: str) -> None:
+        """Answers a request with an id, whatever `receipt` would do with it
+        (a job's answer, once every process said what it did)."""
         request_id = request.request_id
         if request_id is None:
             return
