@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROGRAMS, child_env, cli, default_signals, free_port, read_sidecar
+from helpers import PROGRAMS, child_env, cli, default_signals, free_port, read_sidecar, wait_until
 
 pytestmark = pytest.mark.backends("tensorflow", reason="the jobs train torch or JAX themselves: one pass is enough")
 
@@ -129,6 +129,10 @@ def _record(name: str, include_ended: bool = False) -> list[dict]:
     return [record for record in listed if record["name"] == name]
 
 
+def _paused_everywhere(processes: list[dict]) -> list[dict] | None:
+    return processes if all(rank["state"] == "paused" for rank in processes) else None
+
+
 def _in_step(results: dict[int, dict], ranks: int) -> dict:
     """Every rank's result, checked to have ended at one step with the same weights; returns rank 0's."""
     assert sorted(results) == list(range(ranks)), results
@@ -139,7 +143,7 @@ def _in_step(results: dict[int, dict], ranks: int) -> dict:
     return first
 
 
-def test_a_job_is_listed_once_saves_and_stops_every_rank_at_one_step_with_a_receipt_then_resumes(tmp_path, jobs):
+def test_a_job_is_listed_once_takes_every_command_on_every_rank_at_one_step_with_a_receipt_then_resumes(tmp_path, jobs):
     folder = tmp_path / "ck"
     job = jobs(torchrun(2, "ddp", str(folder)))
     (record,) = _record("ddp")  # once, by rank 0, with the job's size
@@ -148,6 +152,16 @@ def test_a_job_is_listed_once_saves_and_stops_every_rank_at_one_step_with_a_rece
     saved = cli("send", "ddp", "save", "--wait")
     assert saved.returncode == 0, saved.stderr
     assert "checkpoint written" in saved.stdout and "on 2 of 2 ranks" in saved.stdout, saved.stdout
+    steered = cli("send", "ddp", "set lr=0.02", "--wait")
+    assert steered.returncode == 0 and "0.01 -> 0.02" in steered.stdout, (steered.stdout, steered.stderr)
+    assert "on 2 of 2 ranks" in steered.stdout, steered.stdout
+    paused = cli("send", "ddp", "pause", "--wait")
+    assert paused.returncode == 0 and "on 2 of 2 ranks" in paused.stdout, (paused.stdout, paused.stderr)
+    held = wait_until(lambda: _paused_everywhere(_record("ddp")[0]["processes"]), timeout=10,
+                      message="every rank's heartbeat to say paused")
+    time.sleep(1.5)  # every rank holds at the same item (the heartbeats say where each is)
+    assert _record("ddp")[0]["processes"] == held and len({(rank["epoch"], rank["step"]) for rank in held}) == 1, held
+    assert cli("send", "ddp", "resume", "--wait").returncode == 0
     stopped = cli("send", "ddp", "stop", "--wait")
     assert stopped.returncode == 0, stopped.stderr
     assert "on 2 of 2 ranks" in stopped.stdout, stopped.stdout
