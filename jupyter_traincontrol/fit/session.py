@@ -16,23 +16,20 @@ handed on once `fit` has returned.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from ..boundary.actions import CommandActions
 from ..boundary.nan_policy import NanPolicy
-from ..boundary.progress import TrainingProgress
 from ..boundary.safeguards import Safeguards
 from ..boundary.saves import SaveScheduler
+from ..boundary.session import TrainingSession
 from ..boundary.steering import Steering
 from ..boundary.tunables import Tunables
-from ..checkpoint import SkippedCheckpoint, TrainingPosition
+from ..checkpoint import TrainingPosition
 from ..protocol import RunState, final_state
 from ..run import RunLifecycle
-from ..run.voice import say
 from ..state import Keras2State, KerasState, is_keras2_model, random_state
 from ..system.frames import call_after_return
 from . import keras2, watchdog
@@ -50,11 +47,6 @@ if TYPE_CHECKING:
     from ..job import Job
 
 __all__ = ["FitSession", "FitSettings"]
-
-#: How long the end of a lost job's run waits for an end another thread has
-#: begun (a job's end waits at most its ``lost_after``, two heartbeats, and
-#: the join of its watcher).
-_LOST_END_WAIT_SECONDS = 30.0
 
 
 class FitSettings(Protocol):
@@ -77,8 +69,9 @@ class FitSettings(Protocol):
     nan_rollbacks: int
 
 
-class FitSession:
-    """The parts of one `fit` under control.
+class FitSession(TrainingSession):
+    """The parts of one `fit` under control (the run, the job and the
+    closing: `boundary.session.TrainingSession`).
 
     Args:
         callback: The `ControlCallback` (its settings, its run, its job).
@@ -87,37 +80,25 @@ class FitSession:
     """
 
     def __init__(self, callback: FitSettings, model, params: dict[str, Any]):
+        super().__init__(callback.lifecycle, callback.job, callback.verbose)
         self.callback = callback
         self.model = model
-        self.run: RunLifecycle = callback.lifecycle
-        self.job: Job | None = callback.job
-        self.progress = TrainingProgress()
         self.progress.epochs, self.progress.steps = params.get("epochs"), params.get("steps")
         self.keras2 = is_keras2_model(model)  # a tf_keras model: saved on this thread, resumed without the data order
         self.trained = Keras2State(model) if self.keras2 else KerasState(model)
         self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack
-        self.kept_callbacks = KeptCallbacks(lambda: self.dispatch.callbacks, callback, self._log,
+        self.kept_callbacks = KeptCallbacks(lambda: self.dispatch.callbacks, callback, self.report,
                                             epoch_end_pending=self._epoch_end_pending)
         self.boundaries: Boundaries | None = None
-        self.actions: CommandActions | None = None
         self.steering: Steering | None = None
         self.nan_policy: NanPolicy | None = None
         self.data_order: DataOrder | None = None
         self.resumption: Resumption | None = None
         self.random_at_epoch_start: random_state.EpochStart | None = None  # `random_state.capture_epoch_start` of the epoch in progress
         self.lost_because: str | None = None  # why `fit` left without on_train_end, if known
-        self.safeguards: Safeguards | None = None
         self.callback_stopped = False  # a callback of the user's ended fit early (its stop_training)
         self.stopped_by: str | None = None  # which one (its class), if known
         self._fit_frame = None  # the `fit` call's frame, until the fit closes (a SIGTERM is handed on after it)
-        self.final_state = RunState.FAILED
-        self.error: str | None = None
-        self.end_reason: str | None = None
-        self._stack = contextlib.ExitStack()
-        self._closing = False
-        self._closing_lock = threading.Lock()
-        self._closer: threading.Thread | None = None  # the thread that closes
-        self._closed = threading.Event()  # set once every part has closed
 
     @property
     def history(self):
@@ -135,7 +116,7 @@ class FitSession:
             and the run ends ``failed``.
         """
         try:
-            self._open_run()
+            self._open_watched_run()
             if self.keras2:  # what it cannot do, said before anything else of this fit
                 keras2.announce(self.run.journal)
             self._open_parts()
@@ -143,21 +124,13 @@ class FitSession:
             self.close(RunState.FAILED, f"Could not start: {error}")
             raise
 
-    def _open_run(self) -> None:
-        run, callback, stack = self.run, self.callback, self._stack
-        if callback.owns_lifecycle:
+    def _open_watched_run(self) -> None:
+        """The run, opened or checked (`TrainingSession._open_run`), and the
+        watchdog that notices a `fit` that raised."""
+        run, stack = self.run, self._stack
+        if self.callback.owns_lifecycle:
             watchdog.check_all()  # a run of this process whose fit raised ends now, before a new one claims a name
-            if self.job is not None:
-                self.job.begin(run)
-                stack.callback(self.job.run_ended)  # last: once the run's final record is written
-            run.open()
-            stack.callback(self._close_run)
-        elif not run.is_open:
-            raise RuntimeError(f"The RunLifecycle given for run {run.name!r} is not open.")
-        else:
-            stack.callback(self._log_error)
-        run.follow(self.progress)
-        stack.callback(run.unfollow)
+        self._open_run(self.callback.owns_lifecycle)
         fit_watchdog = FitWatchdog(self.model, self.fit_lost)
         stack.callback(fit_watchdog.stop)
         run.publisher.add_tick_hook(fit_watchdog.check)
@@ -168,7 +141,7 @@ class FitSession:
     def _open_parts(self) -> None:
         run, callback, stack, model, progress = self.run, self.callback, self._stack, self.model, self.progress
         job = self.job
-        store = job.store(run.store, model) if job is not None else run.store
+        store = self._store_for(model)
         # A job saves on the training thread, its processes in step (process 0 writes, the others join in).
         tunables = Tunables(model, callback.tunables, rebuild=lambda: rebuild_train_function(model))
         self.steering = steering = Steering(self.trained, tunables, run, progress, self.say,
@@ -176,11 +149,7 @@ class FitSession:
         saves = self._saves(store, background=callback.save_in_background and job is None and self.trained.snapshots,
                             autosave=callback.autosave if job is None else None)
         steering.wait_for_saves = saves.wait_for_writes
-        channel = run.channel
-        if job is not None:  # commands of a multi-process job: proposed to all, applied by all at one step
-            job.opened(run, progress, self._watchdog, self.end_lost, model)
-            stack.callback(self._leave_job)
-            channel = job.channel(channel, progress)
+        channel = self._join_job(self._watchdog, model)  # a job's commands: applied by all at one step
         self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end_fit, self.say, steering)
         self.boundaries = Boundaries(progress, self.history, self.actions, self.dispatch, self._non_finite,
                                      gate=channel if job is not None else None)
@@ -254,9 +223,6 @@ class FitSession:
         """The resumed epoch's batches already trained are drawn: training goes on from here."""
         self.progress.pinned = None
 
-    def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
-        self._log("warning", f"Resume skipped {skipped.path.name}: {skipped.reason}")
-
     # At boundaries ---------------------------------------------------------------
 
     def _end_fit(self) -> None:
@@ -322,11 +288,6 @@ class FitSession:
 
     # Interrupts --------------------------------------------------------------------
 
-    def note_interrupt(self) -> None:
-        """The next stop is an interrupt's (its checkpoint's reason). Any thread."""
-        if self.actions is not None:
-            self.actions.interrupted = True
-
     def _on_second_sigint(self, raises: bool) -> None:
         # In a signal handler, on the main thread, which may hold any lock (a
         # record write, a save): ending the run here could wait on a thread that
@@ -342,21 +303,6 @@ class FitSession:
     def fit_lost(self) -> None:
         """`fit` left without ``on_train_end`` (it raised): the run ends ``failed``."""
         self.close(RunState.FAILED, self.lost_because or "fit raised an exception; on_train_end never ran.")
-
-    def _leave_job(self) -> None:
-        """Leaves the job; the error recorded is led by a lost process, if any.
-        Agreed requests whose step never came stay unanswered, as a single
-        run's command that came after its last batch: the sender learns the
-        run ended before applying it."""
-        self.error = self.job.end(self.final_state, self.error)
-
-    def _close_run(self) -> None:
-        self.run.close(self.final_state, self.error, self.end_reason)
-        self.say(f"Run {self.run.name!r} {self.final_state}.")
-
-    def _log_error(self) -> None:
-        if self.error is not None:  # the run goes on after this fit (a notebook cell's): its log says why
-            self.run.journal.log("error", self.error)
 
     def train_ended(self) -> None:
         """``on_train_end`` (the training thread): a `fit` that ran to its end
@@ -422,51 +368,10 @@ class FitSession:
         finally:
             saves.close()
 
-    def close(self, final_state: RunState, error: str | None = None, end_reason: str | None = None) -> None:
-        """Ends the fit's run in `final_state`: every part closes, in reverse
-        order of opening. Once; from any thread (a second caller returns at once).
-
-        Args:
-            final_state: The run's final state.
-            error: Why it failed, for ``failed``.
-            end_reason: How it ended (`protocol.END_REASONS`); defaults to
-                what `final_state` says.
-        """
-        with self._closing_lock:
-            if self._closing:
-                return
-            self._closing, self._closer = True, threading.current_thread()
-        self.final_state, self.error, self.end_reason = final_state, error, end_reason
-        try:
-            self._stack.close()
-        finally:
-            self._closed.set()
+    def _after_close(self) -> None:
+        """A SIGTERM that stopped the fit is handed on once `fit` has returned."""
         frame, self._fit_frame = self._fit_frame, None
         if self.safeguards is not None and self._watchdog.thread_id == threading.get_ident():
             self.safeguards.deliver_sigterm(after=lambda deliver: call_after_return(frame, lambda _: deliver()))
 
-    def end_lost(self, message: str) -> None:
-        """A job's process was lost, or this one exits with its `fit` not
-        ended (the job's threads, atexit): ends the run ``failed``, and
-        returns once it has ended. If another thread is ending it already
-        (the watchdog of a `fit` that raised), waits for that end, a while
-        at most: what comes next (the registry's exit, the job leaving a
-        stuck process) must find the run's last record written."""
-        self.close(RunState.FAILED, message)
-        if self._closer is not threading.current_thread():
-            self._closed.wait(_LOST_END_WAIT_SECONDS)
-
-    @property
-    def closed(self) -> bool:
-        """True once `close` began."""
-        return self._closing
-
-    def _log(self, level: str, message: str) -> None:
-        """One line in the run's log, said to the user too."""
-        self.run.journal.log(level, message)
-        self.say(message, stream=sys.stderr if level == "warning" else None)
-
-    def say(self, message: str, stream=None) -> None:
-        """One line for the user, unless the callback is quiet."""
-        say(message, verbose=self.callback.verbose, stream=stream)
 

@@ -14,21 +14,18 @@ any process stops them all.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
 import threading
 from typing import Any, Mapping
 
 from ..boundary.actions import CommandActions
 from ..boundary.nan_policy import NanPolicy
-from ..boundary.progress import TrainingProgress
 from ..boundary.safeguards import Safeguards
 from ..boundary.saves import SaveScheduler
+from ..boundary.session import TrainingSession
 from ..boundary.steering import Steering
-from ..checkpoint import Checkpoint, SkippedCheckpoint, TrainingPosition, skipping_words
-from ..protocol import Command, RunState, end_reason
-from ..run.voice import say
+from ..checkpoint import Checkpoint, TrainingPosition, skipping_words
+from ..protocol import RunState
 from ..state import random_state
 from ..system.signals import on_main_thread
 from .data_sources import DataSources
@@ -37,8 +34,9 @@ from .stateless import StatelessSteering
 __all__ = ["LoopSession"]
 
 
-class LoopSession:
-    """The parts of one `TrainLoop` run.
+class LoopSession(TrainingSession):
+    """The parts of one `TrainLoop` run (the run, the job and the
+    closing: `boundary.session.TrainingSession`).
 
     Args:
         run: The run (a `run.RunLifecycle`): open if hosted, else opened here.
@@ -56,33 +54,25 @@ class LoopSession:
     """
 
     def __init__(self, run, owns_run: bool, trained, tunables, settings, job=None, where=None):
-        self.run = run
+        # In a job, process 0 speaks for every process.
+        super().__init__(run, job, verbose=settings.verbose and (job is None or job.leader))
         self.owns_run = owns_run
-        self.job = job
         self._where = where
         self.gate = None  # in a job: the agreed channel, whose gate the loop's boundaries pass
         self.trained = trained
         self.tunables = tunables
         self.settings = settings
-        self.progress = TrainingProgress()
         self.progress.last_batch_ends_epoch = False  # the body may go on after the last item
         self.global_step = 0  # items trained, counted across resumes (the step of states without an optimizer's)
-        self.actions: CommandActions | None = None
-        self.safeguards: Safeguards | None = None
         self.resumed: Checkpoint | None = None
         self.skip = 0  # items of the resumed epoch already trained
         self.random_at_epoch_start: random_state.EpochStart | random_state.KeptEpochStart | None = None
         self.data = DataSources()  # what orders the items batches() is given, besides the global random state
         self._restoring: set[str] = set()  # what of the resumed epoch is still to restore: "random", "data"
         self._inexact: set[str] = set()  # what the resume said it could not restore (each once)
-        self.final_state = RunState.FAILED
-        self.error: str | None = None
         self.ended = False  # a stop or abort ended the loop
         self._last_loss = None
         self._logged: dict[str, list[float]] = {}
-        self._stack = contextlib.ExitStack()
-        self._closing = False
-        self._closing_lock = threading.Lock()
         self._thread = threading.get_ident()  # the loop's thread: the one that entered the block
 
     # Opening -------------------------------------------------------------------
@@ -98,18 +88,9 @@ class LoopSession:
     def _open(self) -> None:
         run, stack, settings, progress = self.run, self._stack, self.settings, self.progress
         job = self.job
-        if self.owns_run:
-            if job is not None:
-                job.begin(run)
-                stack.callback(job.run_ended)  # last: once the run's final record is written
-            run.open()
-            stack.callback(self._close_run)
-        else:
-            stack.callback(self._log_error)
-        run.follow(progress)
-        stack.callback(run.unfollow)
+        self._open_run(self.owns_run)
         # A job saves on the loop's thread, its processes in step (process 0 writes, the others wait for its word).
-        store = job.store(run.store, self._model()) if job is not None else run.store
+        store = self._store_for(self._model())
         background = settings.save_in_background and getattr(self.trained, "snapshots", False) and job is None
         saves = SaveScheduler(self.trained, run, progress, self.say, background=background, store=store,
                               resume_state=self._resume_state, autosave=settings.autosave if job is None else None)
@@ -118,11 +99,8 @@ class LoopSession:
                     else Steering(self.trained, self.tunables, run, progress, self.say))
         steering.wait_for_saves = saves.wait_for_writes
         saves.policy = steering
-        channel = run.channel
-        if job is not None:  # commands of a job: proposed to all, applied by all at one item
-            job.opened(run, progress, self._where, self.end_lost, self._model(), step_of=self.step)
-            stack.callback(self._leave_job)
-            channel = self.gate = job.channel(channel, progress)
+        channel = self._join_job(self._where, self._model(), step_of=self.step)  # a job's: applied by all at one item
+        self.gate = channel if job is not None else None
         self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end, self.say, steering)
         self.nan_policy = NanPolicy(settings.on_nan, steering, self.actions.stop_without_checkpoint, self.say,
                                     settings.nan_rollbacks)
@@ -170,11 +148,6 @@ class LoopSession:
                        f"step {self.progress.global_step}")
         run.journal.log("info", message)
         self.say(message)
-
-    def _report_skipped(self, skipped: SkippedCheckpoint) -> None:
-        message = f"Resume skipped {skipped.path.name}: {skipped.reason}"
-        self.run.journal.log("warning", message)
-        self.say(message, stream=sys.stderr)
 
     # Boundaries ------------------------------------------------------------------
 
@@ -252,9 +225,7 @@ class LoopSession:
         """Says, once, what the resume could not restore."""
         if reason is not None and reason not in self._inexact:
             self._inexact.add(reason)
-            message = f"Resume is not exact: {reason}."
-            self.run.journal.log("warning", message)
-            self.say(message, stream=sys.stderr)
+            self.report("warning", f"Resume is not exact: {reason}.")
 
     def item_done(self) -> None:
         """The boundary after an item the loop's body trained on."""
@@ -311,57 +282,21 @@ class LoopSession:
 
     # Interrupts and the end ---------------------------------------------------------
 
-    def note_interrupt(self) -> None:
-        """The next stop is an interrupt's (its checkpoint's reason). Any thread."""
-        if self.actions is not None:
-            self.actions.interrupted = True
-
     def write_end_checkpoint(self) -> None:
         """The loop ran all its epochs: a last checkpoint (reason ``end``;
         a failure is said, not raised)."""
         self.actions.saves.write_end("loop")
 
-    def end_reason(self, state) -> str | None:
-        """How the loop ended in final `state` (`protocol.END_REASONS`)."""
-        if self.actions is None:
-            return end_reason(str(state))
-        return self.actions.end_reason(state)
+    def close(self, final_state: RunState, error: str | None = None, end_reason: str | None = None) -> None:
+        """Ends the loop's run in `final_state` (`TrainingSession.close`),
+        saying how its commands ended it unless `end_reason` says."""
+        super().close(final_state, error, end_reason or self.end_reason_for(final_state))
 
-    def end_lost(self, message: str) -> None:
-        """A process of the job was lost (the job's threads, atexit): the run ends ``failed``."""
-        self.close(RunState.FAILED, message)
-
-    def _leave_job(self) -> None:
-        """Leaves the job; the error recorded is led by a lost process, if any."""
-        self.error = self.job.end(self.final_state, self.error)
-
-    def _close_run(self) -> None:
-        self.run.close(self.final_state, self.error, self.end_reason(self.final_state))
-        self.say(f"Run {self.run.name!r} {self.final_state}.")
-
-    def _log_error(self) -> None:
-        if self.error is not None:
-            self.run.journal.log("error", self.error)
-
-    def close(self, final_state: RunState, error: str | None = None) -> None:
-        """Ends the loop's run in `final_state`; once, from any thread."""
-        with self._closing_lock:
-            if self._closing:
-                return
-            self._closing = True
+    def _before_close(self, final_state: RunState) -> None:
         if self.job is not None and final_state == RunState.FAILED and self.on_loop_thread():
             self.job.await_verdict()  # the body raised: a peer's loss, if that was why, leads the error
-        self.final_state, self.error = final_state, error
-        self._stack.close()
+
+    def _after_close(self) -> None:
         if self.safeguards is not None and self.on_loop_thread():  # the loop's run has ended: SIGTERM goes on
             self.safeguards.deliver_sigterm()
-
-    @property
-    def ended_by(self) -> Command | None:
-        return self.actions.ended_by if self.actions is not None else None
-
-    def say(self, message: str, stream=None) -> None:
-        """One line for the user, unless the loop is quiet; in a job, process 0 speaks for every process."""
-        follower = self.job is not None and not self.job.leader
-        say(message, verbose=self.settings.verbose and not follower, stream=stream)
 

@@ -297,7 +297,7 @@ class TrainLoop:
 
     def end_reason(self, state) -> str | None:
         """How the loop came to end in final `state` (`protocol.END_REASONS`)."""
-        return self._require().end_reason(state)
+        return self._require().end_reason_for(state)
 
     def note_interrupt(self) -> None:
         """The next stop is an interrupt's (its checkpoint's reason)."""
