@@ -229,6 +229,31 @@ def test_a_lost_rank_ends_the_others_failed_naming_it(tmp_path, jobs):
     assert record["error"].startswith("Rank 1 of 2 was lost: its process (pid"), record["error"]
 
 
+def test_a_hung_rank_ends_the_others_failed_naming_it_and_a_rank_stuck_in_a_collective_exits(tmp_path, jobs):
+    job = jobs(torchrun(2, "hung", str(tmp_path / "ck"), "--lost-after", "3"))
+    rank0, rank1 = job.rank_pids()
+    os.kill(rank1, signal.SIGSTOP)  # hung: its heartbeats stop, rank 0 waits in the next allreduce
+    stopped = time.monotonic()
+    try:
+        wait_until(lambda: _ended(rank0), timeout=30, message="rank 0, stuck in a collective, to exit")
+        took = time.monotonic() - stopped
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    job.finish()
+    assert took < 3 + 5 + 6, took  # lost_after, then exit_grace (the program's), then a heartbeat or two
+    assert "Rank 1 of 2 was lost: no heartbeat for 3 s. Its training is stuck in a collective; exiting (code 70)" \
+        in job.stdout + job.stderr
+    (record,) = _record("hung", include_ended=True)
+    assert (record["state"], record["lost_process"]) == ("failed", 1), record
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # exited, not yet reaped by torchrun
+    except FileNotFoundError:
+        return True
+
+
 def test_a_jax_jobs_loop_applies_a_command_on_every_process_at_one_step(tmp_path, jobs):
     job = jobs(jax_processes(2, "jaxloop", str(tmp_path / "ck")))
     (record,) = _record("jaxloop")

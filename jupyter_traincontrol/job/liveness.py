@@ -185,7 +185,7 @@ def exit_when_stuck(message: str, grace: float, fit_thread_id: int, fit_frame) -
         if any_thread_in("shutdown", "jax/_src/distributed.py"):
             _exit(f"{message} JAX's shutdown waits for it")
         if time.monotonic() >= deadline and on_stack(fit_thread_id, fit_frame):
-            _exit(f"{message} fit is stuck in a collective")
+            _exit(f"{message} Its training is stuck in a collective")
         time.sleep(_STUCK_POLL_SECONDS)
 
 
