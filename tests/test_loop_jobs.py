@@ -11,6 +11,7 @@ two processes of a JAX job (``jax.distributed.initialize``) run
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import json
@@ -65,8 +66,7 @@ class LaunchedJob:
 
     def rank_pids(self) -> list[int]:
         """The pids of torchrun's ranks (its children), lowest first."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
-        return sorted(int(pid) for pid in children)
+        return _children(self.process.pid)
 
     def finish(self, timeout: float = 90) -> tuple[int, dict[int, dict]]:
         """Waits for the end; returns (the first process's exit code, each rank's RESULT)."""
@@ -82,10 +82,22 @@ class LaunchedJob:
         """Ends every process (and a launcher's ranks) still running (teardown). Idempotent."""
         for process in self.processes:
             if process.poll() is None:
+                ranks = _children(process.pid)  # torchrun starts each rank in a session of its own
                 os.killpg(process.pid, signal.SIGKILL)
+                for pid in ranks:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             process.communicate()
         for reader in self._readers:
             reader.join(10)
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of a process's children, lowest first ([] once it is gone)."""
+    try:
+        return sorted(int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+    except FileNotFoundError:
+        return []
 
 
 def torchrun(ranks: int, *args: str) -> list[list[str]]:
