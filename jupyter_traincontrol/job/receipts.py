@@ -95,8 +95,10 @@ class Receipts:
             if missing and not final and not all(self._ended(process) for process in missing):
                 continue
             with self._lock:
-                request, settle = self._held.pop(request_id)
-            settle(request, *self.combined(words))
+                held = self._held.pop(request_id, None)
+            if held is not None:  # not answered meanwhile by another thread (the watcher, or the run's end)
+                request, settle = held
+                settle(request, *self.combined(words))
 
     def finish(self, timeout: float) -> None:
         """Process 0, as its run ends: waits up to `timeout` seconds for the
