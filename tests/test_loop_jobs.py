@@ -286,6 +286,20 @@ def test_a_jax_jobs_loop_applies_a_command_on_every_process_at_one_step(tmp_path
     assert (ended["state"], ended["ended_by"], len(ended["checkpoints"])) == ("stopped", "stop", 2)
 
 
+def test_the_ddp_example_trains_as_one_job_and_resumes(tmp_path):
+    """`examples/train_ddp.py`, as its docstring runs it (two short runs: the second resumes)."""
+    pytest.importorskip("torch")
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
+    for epochs, said in ((2, "Run 'ddp' finished."), (3, "Resumed from")):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                   "127.0.0.1", "--master-port", str(free_port()), example, "--epochs", str(epochs),
+                   "--checkpoint-dir", str(tmp_path / "ck")]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=child_env(),
+                              preexec_fn=default_signals)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert said in done.stdout and done.stdout.count(": finished") == 2, done.stdout
+
+
 # The receipt, part by part ---------------------------------------------------------------------------
 
 
