@@ -27,8 +27,10 @@ from ..protocol import Command, RunState
 from ..protocol import end_reason as end_reason_of_state
 from ..run.voice import say
 from .actions import CommandActions
+from .nan_policy import NanPolicy
 from .progress import TrainingProgress
 from .safeguards import Safeguards
+from .saves import SaveScheduler
 
 __all__ = ["TrainingSession"]
 
@@ -48,7 +50,9 @@ class TrainingSession:
 
     Attributes:
         progress: The training's counters.
+        trained: What a checkpoint holds (set by the driver).
         actions: The commands' actions, once open.
+        nan_policy: What a loss that is not finite does, once open.
         safeguards: Ctrl+C, SIGTERM and autosave, once open.
         final_state: The state the run ended in (``failed`` until it ends).
         error: Why it failed, if it did.
@@ -60,7 +64,9 @@ class TrainingSession:
         self.job = job
         self.verbose = verbose
         self.progress = TrainingProgress()
+        self.trained = None  # what a checkpoint holds (the driver's `state` object)
         self.actions: CommandActions | None = None
+        self.nan_policy: NanPolicy | None = None
         self.safeguards: Safeguards | None = None
         self.final_state = RunState.FAILED
         self.error: str | None = None
@@ -114,6 +120,50 @@ class TrainingSession:
         job.opened(self.run, self.progress, where, self.end_lost, model, step_of=step_of)
         self._stack.callback(self._leave_job)
         return job.channel(channel, self.progress)
+
+    # The parts, on one set of terms for every driver ----------------------------------------
+
+    def _new_saves(self, store, *, background: bool, autosave: float | None = None, resume_state=None,
+                   attachments=None, steering=None) -> SaveScheduler:
+        """The training's checkpoints into `store`, on `steering`'s terms.
+
+        In a job every process takes each save in step, on its training
+        thread, at an agreed step: no background writes, and no autosave
+        (each process would decide on its own clock when to take one).
+
+        Args:
+            store: Where checkpoints go (`_store_for`).
+            background: Write on a writer thread from a host copy, where the
+                trained state can be copied.
+            autosave: Seconds between autosaves, or None.
+            resume_state: What a checkpoint at a position keeps for an exact resume.
+            attachments: What a checkpoint carries besides the state (callbacks' states).
+            steering: The steering whose values a checkpoint records.
+        """
+        in_job = self.job is not None
+        saves = SaveScheduler(self.trained, self.run, self.progress, self.say, store=store,
+                              background=background and not in_job and getattr(self.trained, "snapshots", False),
+                              resume_state=resume_state, autosave=None if in_job else autosave,
+                              attachments=attachments)
+        saves.policy = steering
+        return saves
+
+    def _open_actions(self, channel, saves: SaveScheduler, steering, on_end: Callable[[], None], on_nan: str,
+                      nan_rollbacks: int) -> None:
+        """The commands' actions, reading `channel`, and the NaN policy (`on_end` ends the training)."""
+        steering.wait_for_saves = saves.wait_for_writes
+        self.actions = CommandActions(self.trained, self.run, channel, self.progress, saves, on_end, self.say, steering)
+        self.nan_policy = NanPolicy(on_nan, steering, self.actions.stop_without_checkpoint, self.say, nan_rollbacks)
+
+    def _open_safeguards(self, saves: SaveScheduler, unit: str, *, sigint: bool, sigterm: bool,
+                         sigterm_grace: float, on_second_sigint: Callable[[bool], None]) -> None:
+        """Ctrl+C, SIGTERM and autosave for the life of the session. In a
+        job SIGTERM is the job's: an agreed stop on every process (`job.Job`),
+        so the session's own SIGTERM stop stays out."""
+        self.safeguards = Safeguards(self.run, saves, self.note_interrupt, unit, sigint=sigint,
+                                     sigterm=sigterm and self.job is None, sigterm_grace=sigterm_grace,
+                                     on_second_sigint=on_second_sigint)
+        self.safeguards.open(self._stack)
 
     # Closing ------------------------------------------------------------------------
 

@@ -20,9 +20,6 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from ..boundary.actions import CommandActions
-from ..boundary.nan_policy import NanPolicy
-from ..boundary.safeguards import Safeguards
 from ..boundary.saves import SaveScheduler
 from ..boundary.session import TrainingSession
 from ..boundary.steering import Steering
@@ -91,7 +88,6 @@ class FitSession(TrainingSession):
                                             epoch_end_pending=self._epoch_end_pending)
         self.boundaries: Boundaries | None = None
         self.steering: Steering | None = None
-        self.nan_policy: NanPolicy | None = None
         self.data_order: DataOrder | None = None
         self.resumption: Resumption | None = None
         self.random_at_epoch_start: random_state.EpochStart | None = None  # `random_state.capture_epoch_start` of the epoch in progress
@@ -146,17 +142,13 @@ class FitSession(TrainingSession):
         tunables = Tunables(model, callback.tunables, rebuild=lambda: rebuild_train_function(model))
         self.steering = steering = Steering(self.trained, tunables, run, progress, self.say,
                                             history=lambda: getattr(model, "history", None))
-        saves = self._saves(store, background=callback.save_in_background and job is None and self.trained.snapshots,
-                            autosave=callback.autosave if job is None else None)
-        steering.wait_for_saves = saves.wait_for_writes
+        saves = self._saves(store, background=callback.save_in_background, autosave=callback.autosave)
         channel = self._join_job(self._watchdog, model)  # a job's commands: applied by all at one step
-        self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end_fit, self.say, steering)
+        self._open_actions(channel, saves, steering, self._end_fit, callback.on_nan, callback.nan_rollbacks)
         self.boundaries = Boundaries(progress, self.history, self.actions, self.dispatch, self._non_finite,
                                      gate=channel if job is not None else None)
         run.channel.on_request = saves.wake = self.dispatch.hold  # a command waits: the next boundary is on this thread
         stack.callback(self._unwire, saves)
-        self.nan_policy = NanPolicy(callback.on_nan, steering, self.actions.stop_without_checkpoint, self.say,
-                                    callback.nan_rollbacks)
         self.data_order = DataOrder.find()  # counts what orders the data (exact resume)
         if self.data_order is not None:
             self.data_order.attach()
@@ -169,19 +161,16 @@ class FitSession(TrainingSession):
         read_on = run.publisher.run_soon if tunables.read_anywhere else None  # off the training thread
         steering.begin(getattr(self.resumption, "checkpoint", None), read_on)
         stack.callback(steering.publish_unread)  # in the last record, even if the run's thread had not read them
-        # SIGTERM: a job agrees its own stop, a notebook cell's run is the kernel's (its shutdown path)
-        self.safeguards = Safeguards(run, saves, self.note_interrupt, "batch", sigint=callback.handle_sigint,
-                                     sigterm=callback.handle_sigterm and job is None and callback.owns_lifecycle,
-                                     sigterm_grace=callback.sigterm_grace, on_second_sigint=self._on_second_sigint)
-        self.safeguards.open(stack)
+        # SIGTERM: a notebook cell's run is the kernel's (its shutdown path)
+        self._open_safeguards(saves, "batch", sigint=callback.handle_sigint,
+                              sigterm=callback.handle_sigterm and callback.owns_lifecycle,
+                              sigterm_grace=callback.sigterm_grace, on_second_sigint=self._on_second_sigint)
 
     def _saves(self, store, background: bool, autosave: float | None = None) -> SaveScheduler:
         """This fit's checkpoints into `store`, on its steering's terms."""
-        saves = SaveScheduler(self.trained, self.run, self.progress, self.say, background=background,
-                              resume_state=None if self.keras2 else self._resume_state, store=store,
-                              autosave=autosave, attachments=self.kept_callbacks.attachments)
-        saves.policy = self.steering
-        return saves
+        return self._new_saves(store, background=background, autosave=autosave, steering=self.steering,
+                               resume_state=None if self.keras2 else self._resume_state,
+                               attachments=self.kept_callbacks.attachments)
 
     def _unwire(self, saves) -> None:
         channel = self.run.channel

@@ -18,10 +18,6 @@ import math
 import threading
 from typing import Any, Mapping
 
-from ..boundary.actions import CommandActions
-from ..boundary.nan_policy import NanPolicy
-from ..boundary.safeguards import Safeguards
-from ..boundary.saves import SaveScheduler
 from ..boundary.session import TrainingSession
 from ..boundary.steering import Steering
 from ..checkpoint import Checkpoint, TrainingPosition, skipping_words
@@ -91,19 +87,14 @@ class LoopSession(TrainingSession):
         self._open_run(self.owns_run)
         # A job saves on the loop's thread, its processes in step (process 0 writes, the others wait for its word).
         store = self._store_for(self._model())
-        background = settings.save_in_background and getattr(self.trained, "snapshots", False) and job is None
-        saves = SaveScheduler(self.trained, run, progress, self.say, background=background, store=store,
-                              resume_state=self._resume_state, autosave=settings.autosave if job is None else None)
         refused = getattr(self.trained, "steering_refused", None)
         steering = (StatelessSteering(refused, self.trained, self.tunables, run, progress, self.say) if refused
                     else Steering(self.trained, self.tunables, run, progress, self.say))
-        steering.wait_for_saves = saves.wait_for_writes
-        saves.policy = steering
+        saves = self._new_saves(store, background=settings.save_in_background, autosave=settings.autosave,
+                                resume_state=self._resume_state, steering=steering)
         channel = self._join_job(self._where, self._model(), step_of=self.step)  # a job's: applied by all at one item
         self.gate = channel if job is not None else None
-        self.actions = CommandActions(self.trained, run, channel, progress, saves, self._end, self.say, steering)
-        self.nan_policy = NanPolicy(settings.on_nan, steering, self.actions.stop_without_checkpoint, self.say,
-                                    settings.nan_rollbacks)
+        self._open_actions(channel, saves, steering, self._end, settings.on_nan, settings.nan_rollbacks)
         store.acquire()
         stack.callback(store.release)
         stack.callback(self.actions.detach)  # the saves end while the folder is still held
@@ -111,11 +102,8 @@ class LoopSession(TrainingSession):
             self._resume(store)
         steering.begin(self.resumed)
         main = self.owns_run and on_main_thread()  # a notebook cell's run is the kernel's (its shutdown path)
-        self.safeguards = Safeguards(run, saves, self.note_interrupt, "item", sigint=settings.handle_sigint and main,
-                                     sigterm=settings.handle_sigterm and main and job is None,  # a job agrees its own
-                                     sigterm_grace=settings.sigterm_grace,
-                                     on_second_sigint=self._on_second_sigint)
-        self.safeguards.open(stack)
+        self._open_safeguards(saves, "item", sigint=settings.handle_sigint and main, sigterm=settings.handle_sigterm and main,
+                              sigterm_grace=settings.sigterm_grace, on_second_sigint=self._on_second_sigint)
         if run.state == RunState.STARTING:
             run.move_to(RunState.RUNNING)
         if run.state == RunState.STOPPING:  # the cell's run was stopped before this loop
