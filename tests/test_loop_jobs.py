@@ -44,21 +44,36 @@ class LaunchedJob:
                                            env=child_env(), preexec_fn=default_signals, start_new_session=True)
                           for argv in commands]
         self.process = self.processes[0]
-        self.stdout, self._err = "", []
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._ready = threading.Event()
         self._readers = []
         for process in self.processes:
-            stderr, process.stderr = process.stderr, None  # read by our thread, not communicate()
-            reader = threading.Thread(target=lambda stream=stderr: self._err.extend(stream), daemon=True)
-            reader.start()
-            self._readers.append(reader)
-        for line in self.process.stdout:
-            self.stdout += line
-            if line.startswith("READY "):
-                self.name, self.fifo = line.split()[1:3]
-                break
-        else:
-            self.finish()
+            # Read by our threads to the end: `communicate` would read past what a line iterator buffered.
+            streams = [(process.stdout, self._out, process is self.process), (process.stderr, self._err, False)]
+            process.stdout = process.stderr = None
+            for stream, lines, first in streams:
+                reader = threading.Thread(target=self._read, args=(stream, lines, first), daemon=True)
+                reader.start()
+                self._readers.append(reader)
+        self._ready.wait(180)
+        if not hasattr(self, "name"):
+            self.kill()
             raise AssertionError(f"the job ended before READY (exit code {self.process.returncode}): {self.stderr}")
+
+    def _read(self, stream, lines: list[str], first: bool) -> None:
+        for line in stream:
+            lines.append(line)
+            if first and line.startswith("READY ") and not self._ready.is_set():
+                self.name, self.fifo = line.split()[1:3]
+                self._ready.set()
+        stream.close()
+        if first:
+            self._ready.set()  # it ended without READY
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self._out)
 
     @property
     def stderr(self) -> str:
@@ -71,8 +86,7 @@ class LaunchedJob:
     def finish(self, timeout: float = 90) -> tuple[int, dict[int, dict]]:
         """Waits for the end; returns (the first process's exit code, each rank's RESULT)."""
         for process in self.processes:
-            out, _ = process.communicate(timeout=timeout)
-            self.stdout += out
+            process.wait(timeout)
         for reader in self._readers:
             reader.join(10)
         results = [json.loads(line[7:]) for line in self.stdout.splitlines() if line.startswith("RESULT ")]
@@ -87,7 +101,7 @@ class LaunchedJob:
                 for pid in ranks:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-            process.communicate()
+            process.wait()
         for reader in self._readers:
             reader.join(10)
 
@@ -180,6 +194,8 @@ def test_a_job_is_listed_once_takes_every_command_on_every_rank_at_one_step_with
     time.sleep(1.5)  # every rank holds at the same item (the heartbeats say where each is)
     assert _record("ddp")[0]["processes"] == held and len({(rank["epoch"], rank["step"]) for rank in held}) == 1, held
     assert cli("send", "ddp", "resume", "--wait").returncode == 0
+    rolled = cli("send", "ddp", "rollback", "--wait")  # every rank back to the save's weights, at one item
+    assert rolled.returncode == 0 and "on 2 of 2 ranks" in rolled.stdout, (rolled.stdout, rolled.stderr)
     stopped = cli("send", "ddp", "stop", "--wait")
     assert stopped.returncode == 0, stopped.stderr
     assert "on 2 of 2 ranks" in stopped.stdout, stopped.stdout
@@ -209,6 +225,16 @@ def test_a_job_is_listed_once_takes_every_command_on_every_rank_at_one_step_with
     code, results = alone.finish()
     assert code == 0, alone.stderr
     assert (results[0]["state"], results[0]["world"], results[0]["trained"]) == ("finished", 1, 8)
+
+
+def test_abort_ends_every_rank_at_one_step_without_a_checkpoint(tmp_path, jobs):
+    job = jobs(torchrun(2, "abort", str(tmp_path / "ck")))
+    aborted = cli("send", "abort", "abort", "--wait")
+    assert aborted.returncode == 0 and "on 2 of 2 ranks" in aborted.stdout, (aborted.stdout, aborted.stderr)
+    code, results = job.finish()
+    assert code == 0, job.stderr
+    ended = _in_step(results, 2)
+    assert (ended["state"], ended["ended_by"], ended["checkpoints"]) == ("aborted", "abort", [])
 
 
 def test_sigterm_on_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, jobs):
