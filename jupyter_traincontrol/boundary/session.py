@@ -54,6 +54,7 @@ class TrainingSession:
         actions: The commands' actions, once open.
         nan_policy: What a loss that is not finite does, once open.
         safeguards: Ctrl+C, SIGTERM and autosave, once open.
+        gate: In a job, the agreed channel the boundaries pass; else None.
         final_state: The state the run ended in (``failed`` until it ends).
         error: Why it failed, if it did.
         end_reason: How it ended (`protocol.END_REASONS`), once it has.
@@ -68,6 +69,7 @@ class TrainingSession:
         self.actions: CommandActions | None = None
         self.nan_policy: NanPolicy | None = None
         self.safeguards: Safeguards | None = None
+        self.gate = None  # in a job: the agreed channel, whose gate the boundaries pass (`_join_job`)
         self.final_state = RunState.FAILED
         self.error: str | None = None
         self.end_reason: str | None = None
@@ -107,7 +109,9 @@ class TrainingSession:
         """In a job, after the run opened: starts its share (proposals,
         heartbeats, receipts, SIGTERM) and returns the channel the actions
         read, whose commands every process applies at one agreed step;
-        outside one, the run's channel.
+        outside one, the run's channel. In a job that channel is also the
+        `gate` the driver's boundaries pass (``before_step``, ``acting``,
+        ``acted``).
 
         Args:
             where: Where the training runs (``thread_id``, ``frame``).
@@ -119,7 +123,8 @@ class TrainingSession:
             return channel
         job.opened(self.run, self.progress, where, self.end_lost, model, step_of=step_of)
         self._stack.callback(self._leave_job)
-        return job.channel(channel, self.progress)
+        self.gate = job.channel(channel, self.progress)
+        return self.gate
 
     # The parts, on one set of terms for every driver ----------------------------------------
 

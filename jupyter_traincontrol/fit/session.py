@@ -136,17 +136,16 @@ class FitSession(TrainingSession):
 
     def _open_parts(self) -> None:
         run, callback, stack, model, progress = self.run, self.callback, self._stack, self.model, self.progress
-        job = self.job
         store = self._store_for(model)
-        # A job saves on the training thread, its processes in step (process 0 writes, the others join in).
         tunables = Tunables(model, callback.tunables, rebuild=lambda: rebuild_train_function(model))
         self.steering = steering = Steering(self.trained, tunables, run, progress, self.say,
                                             history=lambda: getattr(model, "history", None))
+        # A job saves on the training thread, its processes in step (process 0 writes, the others join in).
         saves = self._saves(store, background=callback.save_in_background, autosave=callback.autosave)
         channel = self._join_job(self._watchdog, model)  # a job's commands: applied by all at one step
         self._open_actions(channel, saves, steering, self._end_fit, callback.on_nan, callback.nan_rollbacks)
         self.boundaries = Boundaries(progress, self.history, self.actions, self.dispatch, self._non_finite,
-                                     gate=channel if job is not None else None)
+                                     gate=self.gate)
         run.channel.on_request = saves.wake = self.dispatch.hold  # a command waits: the next boundary is on this thread
         stack.callback(self._unwire, saves)
         self.data_order = DataOrder.find()  # counts what orders the data (exact resume)

@@ -17,6 +17,7 @@ loudly where it moves).
 
 from __future__ import annotations
 
+import sys
 import time
 
 __all__ = ["TorchStoreClient", "default_store", "torch_job_size"]
@@ -78,8 +79,6 @@ def torch_job_size() -> tuple[int, int] | None:
     """``(rank, world size)`` of this process's default process group when
     it has more than one process; None otherwise (or without torch loaded:
     this never imports torch)."""
-    import sys
-
     if "torch.distributed" not in sys.modules:
         return None
     import torch.distributed as dist

@@ -54,7 +54,6 @@ class LoopSession(TrainingSession):
         super().__init__(run, job, verbose=settings.verbose and (job is None or job.leader))
         self.owns_run = owns_run
         self._where = where
-        self.gate = None  # in a job: the agreed channel, whose gate the loop's boundaries pass
         self.trained = trained
         self.tunables = tunables
         self.settings = settings
@@ -83,7 +82,6 @@ class LoopSession(TrainingSession):
 
     def _open(self) -> None:
         run, stack, settings, progress = self.run, self._stack, self.settings, self.progress
-        job = self.job
         self._open_run(self.owns_run)
         # A job saves on the loop's thread, its processes in step (process 0 writes, the others wait for its word).
         store = self._store_for(self._model())
@@ -93,7 +91,6 @@ class LoopSession(TrainingSession):
         saves = self._new_saves(store, background=settings.save_in_background, autosave=settings.autosave,
                                 resume_state=self._resume_state, steering=steering)
         channel = self._join_job(self._where, self._model(), step_of=self.step)  # a job's: applied by all at one item
-        self.gate = channel if job is not None else None
         self._open_actions(channel, saves, steering, self._end, settings.on_nan, settings.nan_rollbacks)
         store.acquire()
         stack.callback(store.release)
