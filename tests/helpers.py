@@ -188,6 +188,18 @@ def read_sidecar(keras_path) -> dict:
     return json.loads(Path(keras_path).with_suffix(".json").read_text())
 
 
+def results_in(output: str) -> list[dict]:
+    """The ``RESULT {json}`` objects a program printed, in order, read where
+    they start even when another process's text ran onto the same line."""
+    decoder = json.JSONDecoder()
+    results = []
+    for line in output.splitlines():
+        start = line.find("RESULT {")
+        if start >= 0:
+            results.append(decoder.raw_decode(line, start + len("RESULT "))[0])
+    return results
+
+
 def child_env(runtime_dir: Path | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS_DIR), env.get("PYTHONPATH", "")])
@@ -321,7 +333,7 @@ class TrainingProcess:
         out, _ = self.process.communicate(timeout=timeout)
         self.stdout += out
         self._stderr_reader.join(timeout)
-        results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+        results = results_in(out)
         return self.process.returncode, (results[0] if results else None), self.stderr
 
     def kill(self) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROGRAMS, child_env, cli, default_signals, free_port, read_sidecar, wait_until
+from helpers import PROGRAMS, child_env, cli, default_signals, free_port, read_sidecar, results_in, wait_until
 
 pytestmark = pytest.mark.backends("tensorflow", reason="the jobs train torch or JAX themselves: one pass is enough")
 
@@ -89,7 +89,7 @@ class LaunchedJob:
             process.wait(timeout)
         for reader in self._readers:
             reader.join(10)
-        results = [json.loads(line[7:]) for line in self.stdout.splitlines() if line.startswith("RESULT ")]
+        results = results_in(self.stdout)
         return self.process.returncode, {result["rank"]: result for result in results}
 
     def kill(self) -> None:

@@ -17,4 +17,6 @@ def say(message: str, *, verbose: bool, stream: TextIO | None = None) -> None:
         stream: Where to print; stdout (as it is at the call) by default.
     """
     if verbose:
-        print(f"[traincontrol] {message}", file=stream or sys.stdout, flush=True)
+        stream = stream or sys.stdout
+        stream.write(f"[traincontrol] {message}\n")  # one write: processes sharing a pipe do not cut it
+        stream.flush()

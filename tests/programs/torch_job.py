@@ -22,6 +22,13 @@ import time
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out dumps every thread's stack
 
+
+def say(line: str) -> None:
+    """Writes `line` to stdout in one write: the ranks share torchrun's pipe, and ``print`` writes the newline apart."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 parser = argparse.ArgumentParser()
 parser.add_argument("name")
 parser.add_argument("checkpoint_dir")
@@ -62,7 +69,7 @@ with TrainLoop(name=args.name, checkpoint_dir=args.checkpoint_dir, resume=args.r
             loop.log(loss=loss.item())
             trained += 1
             if trained == 1 and rank == 0:
-                print(f"READY {loop.name} {loop.fifo}", flush=True)
+                say(f"READY {loop.name} {loop.fifo}")
             if rank == die_rank and trained == die_item:
                 os._exit(3)
             time.sleep(args.batch_sleep)
@@ -71,6 +78,6 @@ weights = b"".join(parameter.detach().numpy().tobytes() for parameter in net.par
 result = {"rank": rank, "world": world, "state": loop.state, "ended_by": str(loop.ended_by), "trained": trained,
           "epoch": loop.epoch, "step": loop.step, "weights": hashlib.sha256(weights).hexdigest()[:16],
           "checkpoints": [str(path) for path in loop.checkpoints]}
-print("RESULT " + json.dumps(result), flush=True)
+say("RESULT " + json.dumps(result))
 dist.destroy_process_group()
 sys.exit(0)
