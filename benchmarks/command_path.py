@@ -34,11 +34,13 @@ cut into segments:
 
 Dunder methods, properties, comprehensions and module bodies are left out
 (every module of the package is imported before tracing). Consecutive
-calls of one thread in one module are one hop; a re-entry is a hop into a
-module already visited in the segment. The whole command is sender, reader
-and run side together. The figures are deterministic (the paths are
-traced with a long interpreter switch interval, see `trace`): each path is
-traced ``--rounds`` times (3; 1 with ``--quick``) and the rounds must agree.
+calls of one thread in one module are one hop (each thread's calls merged
+on their own: how two threads interleaved does not count); a re-entry is a
+hop into a module already visited in the segment. The whole command is
+sender, reader and run side together. The figures are deterministic (the
+paths are traced with a long interpreter switch interval, see `trace`):
+each path is traced ``--rounds`` times (3; 1 with ``--quick``) and the
+rounds must agree.
 
 ``docs/architecture.md`` shows the figures between the markers
 ``<!-- command-path:begin -->`` and ``<!-- command-path:end -->``;
@@ -147,13 +149,19 @@ class Tracer:
 
 
 def hops(events) -> list[tuple[str, str, list[str]]]:
-    """Consecutive calls of one thread in one module, merged: (thread, module, functions)."""
+    """Consecutive calls of one thread in one module, merged: (thread, module, functions),
+    in the order they began. Each thread's calls are merged on their own, so how
+    the scheduler interleaved two threads (the training thread and the writer it
+    waits for) changes nothing."""
     merged: list[tuple[str, str, list[str]]] = []
+    current: dict[str, tuple[str, str, list[str]]] = {}  # each thread's hop so far
     for _seq, thread, module, name in events:
-        if merged and merged[-1][0] == thread and merged[-1][1] == module:
-            merged[-1][2].append(name)
+        hop = current.get(thread)
+        if hop is not None and hop[1] == module:
+            hop[2].append(name)
         else:
-            merged.append((thread, module, [name]))
+            current[thread] = hop = (thread, module, [name])
+            merged.append(hop)
     return merged
 
 

@@ -205,12 +205,13 @@ def test_a_snapshot_gives_the_step_and_learning_rate_it_took_without_reading_the
     state.snapshot(None).release()  # the layout's compile config is kept from here on
     model.optimizer.learning_rate.assign(0.125)
     taken_step = int(model.optimizer.iterations)
-    read_again = []
+    read = []
     freeze = frozen.freeze
-    monkeypatch.setattr(frozen, "freeze", lambda variable: read_again.append(variable.path) or freeze(variable))
+    monkeypatch.setattr(frozen, "freeze", lambda variable: read.append(variable.path) or freeze(variable))
     snapshot = state.snapshot(SnapshotBuffers())
     step = state.step_later(snapshot)
-    assert read_again == []
+    read_again = sorted({path for path in read if read.count(path) > 1})  # the snapshot's own take is the first
+    assert read_again == [] and read
     model.optimizer.learning_rate.assign(0.5)
     _fit(model, tiny_data)  # after the snapshot, before its file
     assert int(model.optimizer.iterations) > taken_step

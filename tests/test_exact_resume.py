@@ -52,6 +52,8 @@ def legs(tmp_path_factory):
     """Every chain run, leg by leg: the folder holding ``leg{i}/{data}.npz``
     and ``leg0/{data}-uninterrupted.npz``, and each leg's output."""
     root = tmp_path_factory.mktemp("exact")
+    runtime = root / "runtime"  # a registry of its own: a module's fixture runs before a test's is set
+    runtime.mkdir(mode=0o700)
     chains = {data: [*stops, "none"] for data, stops in CHAINS.items()}
     outputs = []
     for index in range(max(len(chain) for chain in chains.values())):
@@ -61,7 +63,7 @@ def legs(tmp_path_factory):
         folder = root / f"leg{index}"
         folder.mkdir()
         command = [sys.executable, str(PROGRAM), str(folder), str(root / "ck"), *(["resume"] if index else []), *items]
-        done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=600)
+        done = subprocess.run(command, env=child_env(runtime), capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"leg {index} ({' '.join(items)}) failed:\n{done.stderr[-3000:]}"
         outputs.append(done.stdout + done.stderr)
     return root, outputs

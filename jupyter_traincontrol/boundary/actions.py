@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["CommandActions"]
 
 _PAUSE_POLL_SECONDS = 0.25
+#: The commands that read or change the trained state: the first of them at a boundary syncs it.
+_READS_STATE = frozenset({Command.SAVE, Command.STOP, Command.SET, Command.ROLLBACK})
 
 
 class CommandActions:
@@ -62,6 +64,7 @@ class CommandActions:
         self._second_interrupt = False  # a second Ctrl+C: its KeyboardInterrupt, raised again at the next boundary
         self._before_step = False  # this boundary comes before a step that runs whatever is done here
         self._deferred: Request | None = None  # a stop that came there: it acts after that step
+        self._synced = False  # the trained state was synced at this boundary
         self._end = end
         self._say = say
         self._channel = channel
@@ -120,25 +123,41 @@ class CommandActions:
             raise KeyboardInterrupt("A second Ctrl+C (raised again at this boundary: Python had swallowed it).")
         self.progress.mid_epoch = mid_epoch
         self._before_step = before_step
-        self.trained.sync()  # the one sync of this boundary: what follows reads the state as it is now
+        self._synced = False
         channel = self._channel
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
             self._apply(deferred)
         while self._deferred is None and (request := channel.pop()) is not None:
             self._apply(request)
-        self.saves.start_due()
+        self._start_due_saves()
         self.run.publish_soon()  # senders see their acks now (written by the run's thread)
 
     def _apply(self, request: Request) -> None:
         if self._before_step and request.command is Command.STOP and self.ended_by is None:
             self._deferred = request
             return
+        if request.command in _READS_STATE:
+            self._sync()
         journal = self.run.journal
         journal.log("command", f"{request.command} received")
         outcome = self._actions[request.command](request)
         if outcome is not None:  # None: the action acknowledged it itself
             journal.acknowledge(request, *outcome)
+
+    def _sync(self) -> None:
+        """Brings the trained state up to date, once a boundary: before the
+        first command or save that reads it (an ``abort`` or a ``pause`` does not)."""
+        if not self._synced:
+            self._synced = True
+            self.trained.sync()
+
+    def _start_due_saves(self) -> None:
+        """Starts the saves that waited for the writer, unless the training
+        ends at this boundary (closing the saves writes them then)."""
+        if self.saves.due and self.ended_by is None:
+            self._sync()
+            self.saves.start_due()
 
     def _ignored(self, message: str) -> Outcome:
         self.run.journal.log("info", message)
@@ -179,7 +198,7 @@ class CommandActions:
         run.publish(force=True)
         while (channel := self._channel) is not None:  # None once the run was ended meanwhile
             request = channel.get(_PAUSE_POLL_SECONDS)
-            self.saves.start_due()  # saves that waited for the writer
+            self._start_due_saves()
             if request is None:
                 continue
             if request.command is Command.RESUME:
@@ -191,7 +210,7 @@ class CommandActions:
                 journal.acknowledge(request, *self._ignored("Already paused; 'pause' ignored."))
             else:
                 self._apply(request)
-                self.saves.start_due()
+                self._start_due_saves()
             if self._deferred is not None:  # a stop before a step: the pause ends, the stop acts after it
                 run.move_to(RunState.RUNNING)
             run.publish(force=True)  # the sender sees its ack now

@@ -89,30 +89,36 @@ class Committer:
         staging = f"{STAGING_PREFIX}{folder.run_id}-{info['sequence']}"
         intent = {"staging": staging, "file": file}
         folder.record_intent(intent)
-        folder.phase("intent-recorded")
+        self._phase("intent-recorded")
         renamed = False
         try:
             os.mkdir(staging, 0o700, dir_fd=fd)
-            folder.phase("staging-created")
+            self._phase("staging-created")
             source.save(folder.directory / staging / staged)
             st = os.stat(f"{staging}/{staged}", dir_fd=fd, follow_symlinks=False)
             info["size"] = part_size(fd, f"{staging}/{staged}", st)
             folder.record_intent({**intent, "inode": st.st_ino, "size": info["size"]})
-            folder.phase("staged-model")
+            self._phase("staged-model")
             _write_new_file(folder.directory / staging / _STAGED_SIDECAR, _json_text(info))
-            folder.phase("staged-sidecar")
+            self._phase("staged-sidecar")
             os.rename(f"{staging}/{staged}", file, src_dir_fd=fd, dst_dir_fd=fd)
             renamed = True
-            folder.phase("model-renamed")
+            self._phase("model-renamed")
             os.rename(f"{staging}/{_STAGED_SIDECAR}", sidecar, src_dir_fd=fd, dst_dir_fd=fd)  # the commit
-            folder.phase("sidecar-committed")
+            self._phase("sidecar-committed")
         except BaseException:
             self._undo(staging, file if renamed else None)
             raise
         os.rmdir(staging, dir_fd=fd)
-        folder.phase("staging-removed")
+        self._phase("staging-removed")
         folder.record_intent(None)
-        folder.phase("intent-cleared")
+        self._phase("intent-cleared")
+
+    def _phase(self, name: str) -> None:
+        """Tells the folder's ``on_phase`` hook (tests, tracing), if any, that phase `name` has just completed."""
+        hook = self.folder.on_phase
+        if hook is not None:
+            hook(name)
 
     def _undo(self, staging: str, renamed_model: str | None) -> None:
         """Cleans up after a failed save; reports (never raises) what it could not."""
@@ -139,7 +145,7 @@ class Committer:
         limit = AUTOSAVES_KEPT if autosave else self.keep
         if checkpoints and limit > 1 and len(same_kind) >= limit:
             self.flush(checkpoints[-1])
-            self.folder.phase("previous-flushed")
+            self._phase("previous-flushed")
 
     def prune(self, checkpoints: list[Checkpoint], broken: list[tuple[str, dict, str]]) -> list[Checkpoint]:
         """Removes the run's `checkpoints` (those of its line, oldest first)
@@ -186,7 +192,7 @@ class Committer:
         if ours:
             folder.record_intent({"file": model_file, "inode": st.st_ino, "size": size})
         os.unlink(sidecar, dir_fd=folder.dir_fd)  # uncommit first
-        folder.phase("uncommitted")
+        self._phase("uncommitted")
         if ours:
             remove_part(folder.dir_fd, model_file)
             folder.record_intent(None)

@@ -170,8 +170,10 @@ class CheckpointStore:
         self.folder.on_phase = hook
 
     def phase(self, name: str) -> None:
-        """Tells `on_phase` that phase `name` has just completed."""
-        self.folder.phase(name)
+        """Tells `on_phase`, if any, that phase `name` has just completed."""
+        hook = self.folder.on_phase
+        if hook is not None:
+            hook(name)
 
     def acquire(self) -> "CheckpointStore":
         """Takes the folder (see `CheckpointFolder.acquire`). Returns self."""
@@ -342,10 +344,10 @@ class CheckpointStore:
         try:
             if reason in _FLUSH_AT_ONCE:
                 committer.flush(checkpoint)
-                folder.phase("flushed")
+                self.phase("flushed")
             doomed = committer.prune([*line, checkpoint], found.broken)
             self._known = [known for known in self._known if known not in doomed]
-            folder.phase("pruned")
+            self.phase("pruned")
         except OSError as error:
             raise CheckpointError(
                 f"Wrote {checkpoint.path.name}, but could not flush or remove older checkpoints in "

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["freeze", "view", "copy_into", "host_copy", "copies_in_place", "as_host_array", "torch_on_host", "nbytes_of",
+__all__ = ["values_for_snapshot", "freeze", "view", "copy_into", "host_copy", "copies_in_place", "as_host_array", "torch_on_host", "nbytes_of",
            "Late", "MakeLate", "late_json"]
 
 
@@ -51,6 +51,45 @@ def copies_in_place() -> bool:
     import keras
 
     return keras.backend.backend() not in ("tensorflow", "jax")
+
+
+def values_for_snapshot(variables: list, *, copy: bool, kept: list | None) -> tuple[list, list]:
+    """The values of Keras `variables` as of now, in order, each kept the way
+    a snapshot needs, in one call for all of them.
+
+    Args:
+        variables: The Keras variables, in the order of the save walk.
+        copy: False: views of their buffers (`view`, else a host copy), for
+            a snapshot written while the training thread waits.
+        kept: Host arrays of an earlier snapshot to copy into, in order
+            (a shape or dtype that changed gets a new array); None: no
+            buffers, each value is frozen the backend's way (`freeze`),
+            copied where it cannot be.
+
+    Returns:
+        The values, and the host arrays among them that go into the kept
+        buffers (in order: the next snapshot copies into them).
+    """
+    values, arrays = [], []
+    in_place = kept is not None and copies_in_place()
+    for variable in variables:
+        if not copy:
+            found = view(variable)
+            values.append(found if found is not None else host_copy(variable))
+            continue
+        if kept is None or in_place:  # with buffers, only a backend updating in place freezes (a CUDA copy)
+            found = freeze(variable)
+            if found is not None:
+                values.append(found)
+                continue
+        index = len(arrays)
+        copied = copy_into(variable, kept[index] if kept is not None and index < len(kept) else None)
+        if copied is None:
+            values.append(host_copy(variable))
+            continue
+        arrays.append(copied)
+        values.append(copied)
+    return values, arrays
 
 
 def freeze(variable) -> Any:

@@ -69,8 +69,7 @@ from typing import Any, Callable
 
 from ..checkpoint import NonFiniteStateError
 from .arrays import is_finite
-from .frozen import (Late, MakeLate, as_host_array, copies_in_place, copy_into, freeze, host_copy, late_json, nbytes_of,
-                     view)
+from .frozen import Late, MakeLate, as_host_array, late_json, nbytes_of, values_for_snapshot
 from .layout import SnapshotLayout
 from .weights_store import weights_store
 
@@ -178,24 +177,23 @@ class ModelSnapshot:
 
         if layout is None or not layout.fits(model):
             layout = SnapshotLayout.walk(model)
-        kept = buffers.borrow() if buffers is not None and copy else []
+        into_buffers = buffers is not None and copy
+        kept = buffers.borrow() if into_buffers else []
         arrays: list = []
-        entries = []
-        taken: dict[int, Any] = {}  # id of a variable -> its value taken (copy only: a view is not kept)
         try:
-            for inner_path, metadata_of, items in layout.entries:
-                values = []
-                for key, value in items:
-                    if isinstance(value, KerasVariable):  # else a host copy of the walk's own
-                        variable, value = value, _value_of(value, copy, buffers is not None, kept, arrays)
-                        if copy:
-                            taken[id(variable)] = value
-                    values.append((key, value))
-                entries.append((inner_path, metadata_of, values))
-            late = _late_of(taken, now=buffers is not None and copy)
+            variables = [value for _p, _m, items in layout.entries for _k, value in items
+                         if isinstance(value, KerasVariable)]  # the others: host copies of the walk's own
+            values, arrays = values_for_snapshot(variables, copy=copy, kept=kept if into_buffers else None)
+            taken = {id(variable): value for variable, value in zip(variables, values)} if copy else {}
+            taken_in_order = iter(values)
+            entries = [(inner_path, metadata_of,
+                        [(key, next(taken_in_order) if isinstance(value, KerasVariable) else value)
+                         for key, value in items])
+                       for inner_path, metadata_of, items in layout.entries]
+            late = _late_of(taken, now=into_buffers)
             config = layout.config(model, late)
         except BaseException:
-            if buffers is not None and copy:
+            if into_buffers:
                 buffers.give_back(arrays + kept[len(arrays):])
             if not layout.reusable and layout.assets_dir is not None:
                 shutil.rmtree(layout.assets_dir, ignore_errors=True)
@@ -289,23 +287,3 @@ def _late_of(taken: dict[int, Any], now: bool) -> MakeLate:
 
     return late
 
-
-def _value_of(variable, copy: bool, into_buffers: bool, kept: list, arrays: list):
-    """A Keras variable's value for a snapshot: a view (``copy=False``),
-    frozen the backend's way, else a host copy (into the next array `kept`
-    from an earlier snapshot; appended to `arrays`). With `into_buffers`
-    only a backend that updates in place freezes (torch: a tensor on a CUDA
-    device, copied there); others copy every value into the buffers."""
-    if not copy:
-        found = view(variable)
-        return found if found is not None else host_copy(variable)
-    if not into_buffers or copies_in_place():
-        found = freeze(variable)
-        if found is not None:
-            return found
-    index = len(arrays)
-    copied = copy_into(variable, kept[index] if index < len(kept) else None)
-    if copied is None:
-        return host_copy(variable)
-    arrays.append(copied)
-    return copied
