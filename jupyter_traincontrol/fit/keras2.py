@@ -13,8 +13,9 @@ well, with what this module adds:
 - `NOTICE`: what Keras 2 cannot do that Keras 3 can, said in one line as
   each `fit` starts (`announce`): the run's log (a warning) and the
   callback's verbose line.
-- `resume_from_latest`: ``resume=True`` for a ``tf_keras`` model. The
-  newest checkpoint that loads gives the weights and the optimizer's state
+- `KERAS2`: how ``resume=True`` resumes a ``tf_keras`` model (the one
+  resume, `resumption.resume_from_latest`, with this kind). The newest
+  checkpoint that loads gives the weights and the optimizer's state
   (``iterations`` included); `fit` starts at its epoch through the hook
   ``tf_keras``'s `fit` asks right after ``on_train_begin`` (the one its
   ``BackupAndRestore`` uses), and a checkpoint taken in the middle of an
@@ -41,12 +42,10 @@ from typing import Callable
 
 import keras
 
-from ..checkpoint import Checkpoint, CheckpointStore, SkippedCheckpoint, skipping_words
 from ..state import Keras2State
-from .resume.batch_skipper import BatchSkipper
-from .resume.resumption import nothing_loaded
+from .resume.resumption import FitKind
 
-__all__ = ["Keras2Hooks", "Keras2Resumption", "NOTICE", "announce", "resume_from_latest"]
+__all__ = ["Keras2Hooks", "KERAS2", "NOTICE", "announce"]
 
 #: What Keras 2 cannot do that Keras 3 can, said once as each `fit` starts.
 NOTICE = ("Keras 2 (tf_keras) cannot save in the background or restore the data order and random state: "
@@ -107,91 +106,21 @@ class _StartAt:
         return self.epoch, 0
 
 
-class Keras2Resumption:
-    """What a resume changed in a ``tf_keras`` model, and the sentence that
-    tells it (the same face as `resume.resumption.Resumption`).
+def _start_at(model, epoch: int) -> Callable[[], None]:
+    """Makes the next ``tf_keras`` `fit` of `model` start at `epoch`; returns what puts the hook back."""
+    previous = getattr(model, "_training_state", None)
+    object.__setattr__(model, "_training_state", _StartAt(epoch))  # not a tracked attribute
 
-    Attributes:
-        epoch: The zero-based epoch `fit` continues in.
-        message: One line for the run's log.
-        resumed: True if a checkpoint was loaded.
-        checkpoint: The checkpoint loaded, or None.
-        differences: Sentences saying what will differ from an
-            uninterrupted run (said in the run's log as warnings).
-        others: Always empty: a Keras 2 resume names no other runs.
-    """
+    def put_back() -> None:
+        object.__setattr__(model, "_training_state", previous)
 
-    def __init__(self, model, *, epoch: int = 0, message: str, resumed: bool, checkpoint: Checkpoint | None = None):
-        self._model = model
-        self.epoch = epoch
-        self.message = message
-        self.resumed = resumed
-        self.checkpoint = checkpoint
-        self.differences: list[str] = []
-        self.others: list[str] = []
-        self._skipper: BatchSkipper | None = None
-        self._previous_state: tuple | None = None  # the model's ``_training_state`` before, while ours is set
-
-    @property
-    def skipping(self) -> bool:
-        """True while the batches the checkpoint already trained are being drawn."""
-        return self._skipper is not None and self._skipper.active
-
-    def start_at(self, epoch: int) -> None:
-        """Makes the next `fit` of the model start at `epoch` (call it in ``on_train_begin``)."""
-        if self._previous_state is None:
-            self._previous_state = (getattr(self._model, "_training_state", None),)
-        object.__setattr__(self._model, "_training_state", _StartAt(epoch))  # not a tracked attribute
-
-    def skip(self, batches: int, logs: dict, on_done: Callable[[], None] | None) -> None:
-        """Draws the first `batches` batches of the resumed epoch without training them."""
-        self._skipper = BatchSkipper(self._model, batches, logs, "tensorflow", on_done=on_done)
-        self._skipper.install()
-
-    def undo(self) -> None:
-        """Puts back the model's train function and start hook. Idempotent."""
-        if self._skipper is not None:
-            self._skipper.uninstall()
-            self._skipper = None
-        if self._previous_state is not None:
-            object.__setattr__(self._model, "_training_state", self._previous_state[0])
-            self._previous_state = None
+    return put_back
 
 
-def resume_from_latest(model, store: CheckpointStore, on_skip: Callable[[SkippedCheckpoint], None] | None = None,
-                       data_order=None, on_skipped: Callable[[], None] | None = None) -> Keras2Resumption:
-    """Loads the newest checkpoint of `store` that loads into the ``tf_keras``
-    `model`, and positions its `fit` there (call it from ``on_train_begin``).
-
-    Args:
-        model: The ``tf_keras`` model being trained, compiled.
-        store: The run's checkpoints.
-        on_skip: Called for each newer checkpoint that did not load, with
-            which and why.
-        data_order: Unused: the data order of a ``tf_keras`` `fit` is not
-            restored. Accepted for the same call as Keras 3's resume.
-        on_skipped: Called once the batches already trained have all been
-            drawn (at once if there are none to skip).
-
-    Returns:
-        The `Keras2Resumption` (with nothing changed if no checkpoint loads).
-    """
-    restored = store.restore_latest(Keras2State(model).restore, on_skip=on_skip)
-    latest = restored.checkpoint
-    if latest is None:
-        return Keras2Resumption(model, message=nothing_loaded(store, restored), resumed=False)
-    position = latest.position
-    resumption = Keras2Resumption(model, epoch=position.resume_epoch, message="", resumed=True, checkpoint=latest)
-    resumption.start_at(position.resume_epoch)
-    skipped = ""
-    if position.resume_step:
-        resumption.skip(position.resume_step, latest.info.get("metrics") or {}, on_skipped)
-        skipped = skipping_words(position.resume_step, "batch")
-    elif on_skipped is not None:
-        on_skipped()
-    resumption.message = (
-        f"Resumed from {latest.path}: epoch {position.resume_epoch + 1}{skipped}; "
-        f"optimizer step {Keras2State(model).step()}. Not exact: Keras 2 (tf_keras) cannot restore the "
-        "data order or the random state."
-    )
-    return resumption
+#: How a ``tf_keras`` `fit` resumes (`resumption.resume_from_latest`): its
+#: own ``.keras`` files, ``tf_keras``'s start hook, TensorFlow's train
+#: function skipping the batches already trained, and neither the data
+#: order nor the random state restored.
+KERAS2 = FitKind(state=Keras2State, start_at=_start_at, backend=lambda: "tensorflow",
+                 not_exact="Keras 2 (tf_keras) cannot restore the data order or the random state",
+                 resumes_others=False)

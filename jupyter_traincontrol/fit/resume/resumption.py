@@ -16,20 +16,71 @@ the epoch's start is put back (`random_state`), and, for a checkpoint taken
 right after an epoch's last batch, what Keras does before the next epoch is
 replayed. A seeded run so continues with the same batches in the same order
 as an uninterrupted one.
+
+One resume serves both kinds of `fit`; a `FitKind` says what differs:
+Keras 3's (`KERAS3`) and Keras 2's (``tf_keras``: `keras2.KERAS2`, which
+loads through its own state, starts `fit` through another hook and
+restores neither the data order nor the random state).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from ...checkpoint import Checkpoint, CheckpointError, CheckpointStore, SkippedCheckpoint, skipping_words
-from ...state import KerasState, optimizer_step
+from ...state import KerasState
 from ...state import random_state
 from .batch_skipper import BatchSkipper, can_skip_batches
 from .data_order import DataOrder
 from .sources import ResumeSource, ResumeSourceError, describe_others
 
-__all__ = ["Resumption", "nothing_loaded", "resume_from_latest", "resume_from_source"]
+__all__ = ["FitKind", "KERAS3", "Resumption", "nothing_loaded", "resume_from_latest", "resume_from_source"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FitKind:
+    """What differs in resuming one kind of `fit` (Keras 3's, Keras 2's).
+
+    Attributes:
+        state: Makes the model's state adapter (``restore``, ``step``):
+            `state.KerasState`, `state.Keras2State`.
+        start_at: Makes the model's next `fit` start at an epoch (call it
+            in ``on_train_begin``); returns what puts the model back.
+        backend: The backend whose train function skips batches.
+        not_exact: None if the data order and the random state are
+            restored; else the sentence saying why they are not.
+        resumes_others: Whether another run's checkpoints can be resumed
+            from (a resume that found none of its own then names them).
+    """
+
+    state: Callable[[Any], Any]
+    start_at: Callable[[Any, int], Callable[[], None]]
+    backend: Callable[[], str]
+    not_exact: str | None = None
+    resumes_others: bool = True
+
+
+def _start_at_initial_epoch(model, epoch: int) -> Callable[[], None]:
+    """Keras 3 reads the private ``model._initial_epoch`` to know where to
+    start (as `BackupAndRestore` does); the old value is put back after."""
+    previous = getattr(model, "_initial_epoch", None)
+    model._initial_epoch = epoch
+
+    def put_back() -> None:
+        model._initial_epoch = previous
+
+    return put_back
+
+
+def _keras_backend() -> str:
+    import keras
+
+    return keras.backend.backend()
+
+
+#: Keras 3's `fit`: the data order and the random state restored too.
+KERAS3 = FitKind(state=KerasState, start_at=_start_at_initial_epoch, backend=_keras_backend)
 
 
 class Resumption:
@@ -49,15 +100,14 @@ class Resumption:
             none of this run's was found (the message names them).
     """
 
-    def __init__(self, model, *, epoch: int = 0, message: str, resumed: bool):
-        self._model = model
+    def __init__(self, *, epoch: int = 0, message: str, resumed: bool):
         self.epoch = epoch
         self.message = message
         self.resumed = resumed
         self.others: list[str] = []
         self.checkpoint = None
         self.differences: list[str] = []
-        self._saved_initial_epoch: tuple[Any] | None = None
+        self._put_back: Callable[[], None] | None = None  # the model's start epoch, as it was
         self._skipper: BatchSkipper | None = None
 
     @property
@@ -66,25 +116,24 @@ class Resumption:
         return self._skipper is not None and self._skipper.active
 
     def undo(self) -> None:
-        """Puts back the model's train function and initial epoch. Idempotent."""
+        """Puts back the model's train function and start epoch. Idempotent."""
         if self._skipper is not None:
             self._skipper.uninstall()
             self._skipper = None
-        if self._saved_initial_epoch is not None:
-            self._model._initial_epoch = self._saved_initial_epoch[0]
-            self._saved_initial_epoch = None
+        if self._put_back is not None:
+            self._put_back()
+            self._put_back = None
 
 
 def resume_from_latest(
     model, store: CheckpointStore, on_skip: Callable[[SkippedCheckpoint], None] | None = None,
-    data_order: DataOrder | None = None, on_skipped: Callable[[], None] | None = None,
+    data_order: DataOrder | None = None, on_skipped: Callable[[], None] | None = None, kind: FitKind = KERAS3,
 ) -> Resumption:
     """Loads the newest checkpoint of `store` that loads into `model`, and
     positions `fit` there.
 
-    Call it from ``on_train_begin``. Keras reads the private
-    ``model._initial_epoch`` to know where to start (as `BackupAndRestore`
-    does); the returned `Resumption` puts the old value back.
+    Call it from ``on_train_begin``; the returned `Resumption` puts back
+    what it changed in the model (`Resumption.undo`).
 
     Args:
         model: The model being trained, built and compiled.
@@ -96,15 +145,18 @@ def resume_from_latest(
             epoch hooks) before the first epoch. None: the data's own
             state is not restored (and the resume says so).
         on_skipped: Called once the batches already trained have all been
-            drawn (at once if there are none to skip).
+            drawn (not called if there are none to skip).
+        kind: The kind of `fit` (Keras 3's, or `keras2.KERAS2`).
 
     Returns:
         The `Resumption` (with nothing changed if no checkpoint loads).
     """
-    restored = store.restore_latest(KerasState(model).restore, on_skip=on_skip)
+    restored = store.restore_latest(kind.state(model).restore, on_skip=on_skip)
     latest = restored.checkpoint
     if latest is None:
-        nothing = Resumption(model, message=nothing_loaded(store, restored), resumed=False)
+        nothing = Resumption(message=nothing_loaded(store, restored), resumed=False)
+        if not kind.resumes_others:
+            return nothing
         others = store.scan()
         nothing.others = sorted({checkpoint.run for checkpoint in others.checkpoints} - {store.run})
         if nothing.others:
@@ -115,7 +167,7 @@ def resume_from_latest(
                 f"ControlCallback(resume_from={example!r}) or %%interruptible_fit --resume-from {example}."
             )
         return nothing
-    return _continue_at(model, latest, store.directory.name, data_order, on_skipped)
+    return _continue_at(model, latest, store.directory.name, data_order, on_skipped, kind)
 
 
 def nothing_loaded(store: CheckpointStore, restored) -> str:
@@ -157,42 +209,42 @@ def resume_from_source(
 
 
 def _continue_at(model, latest: Checkpoint, folder_name: str, data_order: DataOrder | None,
-                 on_skipped: Callable[[], None] | None = None) -> Resumption:
-    """Positions `fit` at loaded checkpoint `latest`: its epoch, its batch, its random state and data order."""
+                 on_skipped: Callable[[], None] | None = None, kind: FitKind = KERAS3) -> Resumption:
+    """Positions `fit` at loaded checkpoint `latest`: its epoch, its batch, and
+    (`kind` allowing) its random state and data order."""
     position = latest.position
-    resumption = Resumption(model, epoch=position.resume_epoch, message="", resumed=True)
+    resumption = Resumption(epoch=position.resume_epoch, message="", resumed=True)
     resumption.checkpoint = latest
-    resumption._saved_initial_epoch = (getattr(model, "_initial_epoch", None),)
-    model._initial_epoch = position.resume_epoch
+    resumption._put_back = kind.start_at(model, position.resume_epoch)
+    saved = latest.info.get("resume_state")
     skipped = ""
     if position.resume_step:
-        import keras
-
-        backend = keras.backend.backend()
+        backend = kind.backend()
         if can_skip_batches(backend):
-            saved_random = latest.info.get("resume_state")
-
             def all_drawn():
-                random_state.restore_now(saved_random)
+                random_state.restore_now(saved)
                 if on_skipped is not None:
                     on_skipped()
 
-            resumption._skipper = BatchSkipper(model, position.resume_step, latest.info.get("metrics", {}), backend,
+            resumption._skipper = BatchSkipper(model, position.resume_step, latest.info.get("metrics") or {}, backend,
                                                on_done=all_drawn)
             resumption._skipper.install()
             skipped = skipping_words(position.resume_step, "batch")
         else:
             skipped = f"; backend {backend!r} repeats its first {position.resume_step} batches"
-    saved = latest.info.get("resume_state")
-    inexact = [reason for reason in _restore_random_and_data(model, saved, position.resume_epoch, data_order) if reason]
+    if kind.not_exact is not None:
+        inexact = [kind.not_exact]
+    else:
+        inexact = [reason for reason in _restore_random_and_data(model, saved, position.resume_epoch, data_order)
+                   if reason]
+        if data_order is not None:
+            resumption.differences = [f"Resume of {folder_name!r} is not exact: {limit}."
+                                      for limit in data_order.limitations()]
     resumption.message = (
         f"Resumed from {latest.path}: epoch {position.resume_epoch + 1}{skipped}; "
-        f"optimizer step {optimizer_step(model)}"
+        f"optimizer step {kind.state(model).step()}"
         + (f". Not exact: {'; '.join(inexact)}." if inexact else "; random state and data order restored.")
     )
-    if data_order is not None:
-        resumption.differences = [f"Resume of {folder_name!r} is not exact: {limit}."
-                                  for limit in data_order.limitations()]
     return resumption
 
 

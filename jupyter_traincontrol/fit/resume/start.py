@@ -2,8 +2,8 @@
 run's (``resume_from=``), or a Keras 2 one (epoch and batch only).
 
 `start_resume` chooses by what the user asked and what the model is, and
-returns the resumption made (`resumption.Resumption` or its Keras 2 twin,
-`keras2.Keras2Resumption`: the same face).
+returns the resumption made (`resumption.Resumption`; a Keras 2 one is the
+same resume, of kind `keras2.KERAS2`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def start_resume(model, store: CheckpointStore, *, is_keras2: bool, resume_from:
         if resume_from is not None:
             raise ResumeSourceError(f"resume_from={str(resume_from)!r}: a Keras 2 (tf_keras) fit resumes only "
                                     "its own run's checkpoints (resume=True).")
-        return keras2.resume_from_latest(model, store, on_skip=on_skip, data_order=data_order, on_skipped=on_skipped)
+        return resume_from_latest(model, store, on_skip=on_skip, on_skipped=on_skipped, kind=keras2.KERAS2)
     if resume_from is not None:  # another run's checkpoints, or a file: found, or `fit` fails saying what was
         return resume_from_source(model, find_source(resume_from, store.directory), on_skip=on_skip,
                                   data_order=data_order, on_skipped=on_skipped)
