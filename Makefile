@@ -80,7 +80,8 @@ test: $(STAMP) wheel
 ## ipywidgets 7 and its clicks, kernel interrupts, a restart, --resume; and
 ## in a browser (Playwright, driving Debian's chromium), the panel in classic
 ## Notebook 6 with widgetsnbextension 3, whose widget manager stands in for
-## Colab's (tests/test_browser_notebook6.py).
+## Colab's (tests/test_browser_notebook6.py); and the private Keras names the
+## package relies on, on Keras 3.13 (tests/test_keras_internals.py).
 ## `--confcutdir tests` leaves out the root conftest.py (pytest-jupyter's
 ## server fixtures, which no test here uses).
 COLAB_VENV   ?= .venv-colab
@@ -89,7 +90,7 @@ COLAB_PYTHON ?= /usr/bin/python3.11
 COLAB_PINS   := tests/colab-pins.txt
 COLAB_STAMP  := $(COLAB_VENV)/.installed
 COLAB_TESTS  ?= tests/test_colab_pins.py tests/test_widget_compat.py tests/test_browser_notebook6.py \
-                tests/test_notebook_front_ends.py \
+                tests/test_notebook_front_ends.py tests/test_keras_internals.py \
                 $(addprefix tests/test_notebook.py::test_,the_cell_returns_at_once_with_the_panel_and_the_kernel_stays_free \
                     interrupting_an_idle_kernel_stops_the_run_with_an_exact_checkpoint \
                     interrupt_during_a_busy_cell_interrupts_that_cell_and_stops_the_run \
