@@ -1,8 +1,9 @@
 """Where training stands, as its driver counts it: the numbers a boundary needs.
 
 `TrainingProgress` is kept by whatever drives the training (a `fit`'s
-callback, a `TrainLoop`) with plain assignments, cheap enough for every
-batch. The boundary layer reads it to know where a checkpoint is taken
+callback, a `TrainLoop`) through the same few calls at its boundaries
+(`begin_epoch`, `step_done`, `end_epoch`), cheap enough for every batch, so
+an epoch is counted alike under every driver. The boundary layer reads it to know where a checkpoint is taken
 (`position`), and the run reads it as its `ProgressSource` when it publishes
 (`progress`, a frozen `RunProgress`).
 """
@@ -64,6 +65,39 @@ class TrainingProgress:
         self.last_batch_ends_epoch = True
         self.pinned: TrainingPosition | None = None
         self.version = 0
+
+    def begin_epoch(self, epoch: int, steps: int | None = None) -> None:
+        """Epoch `epoch` (zero-based) begins: its steps are counted from 0.
+
+        Args:
+            epoch: The epoch.
+            steps: Its batches, if the driver knows them now; None keeps
+                what is known (from the driver's start, or a first epoch).
+        """
+        self.epoch, self.step, self.stopped_mid_epoch, self.epoch_begun = epoch, 0, False, True
+        if steps is not None:
+            self.steps = steps
+        self.version += 1
+
+    def step_done(self, step: int, metrics: dict[str, Any] | None = None) -> None:
+        """The boundary after a training step: `step` batches of the epoch
+        trained; `metrics`, the step's logs (None or empty: kept as they are)."""
+        self.boundary += 1
+        self.step = step
+        if metrics:
+            self.metrics = metrics
+        self.version += 1
+
+    def end_epoch(self, metrics: dict[str, Any] | None = None) -> None:
+        """The epoch ends (its validation too): an epoch's length is learned
+        from the first that ran whole; `metrics`, its logs (None or empty:
+        kept as they are)."""
+        self.in_validation = False
+        if self.steps is None and not self.stopped_mid_epoch:
+            self.steps = self.step
+        if metrics:
+            self.metrics = dict(metrics)
+        self.version += 1
 
     def progress(self) -> RunProgress:
         """The progress as the run shows it (epochs counted from 1)."""

@@ -96,12 +96,7 @@ class Boundaries:
             return
         if dispatch.asynchronous:
             dispatch.flush()  # the steps before this one, counted and checked
-        progress = self.progress
-        progress.boundary += 1
-        progress.step = batch + 1
-        if logs:
-            progress.metrics = logs
-        progress.version += 1
+        self.progress.step_done(batch + 1, logs)
         loss = logs.get("loss") if logs else None
         self.history.add_loss(loss)
         if loss is not None and loss - loss != 0:  # NaN or infinite (Keras made it a float already)

@@ -245,9 +245,7 @@ class FitSession(TrainingSession):
 
     def epoch_began(self, epoch: int) -> None:
         """``on_epoch_begin``: the counters, and what orders this epoch's data."""
-        progress = self.progress
-        progress.epoch, progress.step, progress.stopped_mid_epoch, progress.epoch_begun = epoch, 0, False, True
-        progress.version += 1
+        self.progress.begin_epoch(epoch)
         if self.boundaries is not None:
             self.boundaries.epoch_began()
         self.random_at_epoch_start = random_state.capture_epoch_start()
@@ -257,17 +255,11 @@ class FitSession(TrainingSession):
 
     def epoch_ended(self, epoch: int, logs: dict | None) -> None:
         """``on_epoch_end``: the epoch's logs (with the steered values) into the history."""
-        progress = self.progress
-        progress.in_validation = False
         self.dispatch.show_all()  # on_train_end reaches every callback
-        if progress.steps is None and not progress.stopped_mid_epoch:
-            progress.steps = progress.step  # learned from the first full epoch
         if logs is not None:
             self.steering.add_to_logs(logs)  # as ReduceLROnPlateau does: History keeps them
         self.history.record_epoch(epoch, logs)
-        if logs:
-            progress.metrics = dict(logs)
-        progress.version += 1
+        self.progress.end_epoch(logs)
 
     def _non_finite(self, loss, epoch: int, batch: int) -> None:
         """A batch's loss was NaN or infinite: the NaN policy acts (training thread)."""

@@ -161,10 +161,7 @@ class LoopSession(TrainingSession):
         """An epoch begins, before any line of its body: the counters, its
         random state (a resumed epoch's: the interrupted run's as it began),
         and waiting commands."""
-        progress = self.progress
-        progress.epoch, progress.step, progress.steps = epoch, 0, steps if steps is not None else progress.steps
-        progress.stopped_mid_epoch, progress.epoch_begun = False, True
-        progress.version += 1
+        self.progress.begin_epoch(epoch, steps)
         self._logged = {}
         self.data.epoch_began()
         if "random" in self._restoring:
@@ -215,10 +212,8 @@ class LoopSession(TrainingSession):
     def item_done(self) -> None:
         """The boundary after an item the loop's body trained on."""
         progress = self.progress
-        progress.boundary += 1
-        progress.step += 1
+        progress.step_done(progress.step + 1)
         self.global_step += 1
-        progress.version += 1
         loss, self._last_loss = self._last_loss, None
         self.run.history.add_loss(loss)
         if loss is not None and not math.isfinite(loss):
@@ -246,12 +241,9 @@ class LoopSession(TrainingSession):
 
     def epoch_ended(self, epoch: int) -> None:
         """The epoch's end: its mean logs into the history, waiting commands."""
-        progress = self.progress
-        if progress.steps is None and not progress.stopped_mid_epoch:
-            progress.steps = progress.step  # learned from the first full epoch
         logs = {name: sum(values) / len(values) for name, values in self._logged.items() if values}
         self.run.history.record_epoch(epoch, logs)
-        progress.version += 1
+        self.progress.end_epoch()  # its metrics are the items' (`log`)
         self._act(mid_epoch=False)
 
     def log(self, metrics: dict[str, Any]) -> None:
