@@ -354,13 +354,19 @@ def trace(folder: Path, seed: int) -> dict[str, dict[str, list]]:
 
     A thread that runs Python keeps the interpreter lock until it waits
     (not 5 ms at most, Python's default), so the run's reader thread does
-    not cut into a boundary on a busy machine: `Publisher.publish_soon`
-    wakes the reader unless a publish is due already, and whether one is
-    due goes by the clock (a publish waits 2 ms, for the boundary to end).
-    The figures are then those of a boundary that runs through.
+    not cut into a boundary on a busy machine; and a publish the boundary
+    asks for waits half a second, not 2 ms (`SOON_DELAY_SECONDS`):
+    `Publisher.publish_soon` wakes the reader unless a publish is due
+    already, and whether the first one of a boundary was done before its
+    second went by the clock (a machine that held the training thread
+    back for 2 ms made a round differ). The figures are then those of a
+    boundary that runs through.
     """
-    switch = sys.getswitchinterval()
+    from jupyter_traincontrol.run import publisher
+
+    switch, soon = sys.getswitchinterval(), publisher.SOON_DELAY_SECONDS
     sys.setswitchinterval(1.0)
+    publisher.SOON_DELAY_SECONDS = 0.5
     try:
         return {
             "cli-stop": _fit_path(folder, seed, "stop"),
@@ -370,6 +376,7 @@ def trace(folder: Path, seed: int) -> dict[str, dict[str, list]]:
         }
     finally:
         sys.setswitchinterval(switch)
+        publisher.SOON_DELAY_SECONDS = soon
 
 
 # The figures, the targets and the docs ----------------------------------------------------------------------

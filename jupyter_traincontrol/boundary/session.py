@@ -25,7 +25,7 @@ from typing import Any, Callable
 from ..checkpoint import SkippedCheckpoint
 from ..protocol import Command, RunState
 from ..protocol import end_reason as end_reason_of_state
-from ..run.voice import say
+from ..run.journal import say
 from .actions import CommandActions
 from .nan_policy import NanPolicy
 from .progress import TrainingProgress

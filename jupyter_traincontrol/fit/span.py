@@ -35,7 +35,7 @@ from typing import Any
 from ..boundary.safeguards import Safeguards
 from ..protocol import RunState, final_state
 from ..run import RunDrivers
-from ..run.voice import say
+from ..run.journal import say
 from . import watchdog
 
 __all__ = ["FitSpan", "TrainingEnded"]

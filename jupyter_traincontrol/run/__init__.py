@@ -2,13 +2,12 @@
 
 - `lifecycle`: `RunLifecycle`, which opens and closes a run and holds its parts.
 - `state_machine`: the run's state, moved along the transition table.
-- `journal`: events, acknowledgements of requests, steered changes.
+- `journal`: events, acknowledgements of requests, steered changes; `say`, the one line a run prints for its user.
 - `history`: the loss per batch and each epoch's logs (`loss_curve`).
 - `progress`: `RunProgress`, what the driver of the training reports.
 - `record`: the run's record, built from the parts.
 - `publisher`: writing the record, and the run's ticks (on the channel's thread).
 - `drivers`: `RunDrivers`, the trainings (fits, loops) of a run that spans several.
-- `voice`: `say`, the one line a run prints for its user.
 """
 
 from .drivers import RunDrivers

@@ -4,7 +4,9 @@ Any thread may write to it (the training thread, the channel's reader, the
 checkpoint writer, a job's watcher): `log` adds an event and tells the
 listeners (the panels), `acknowledge` answers a request by its id (a sender
 waiting with ``send --wait`` finds it in the record's ``acks``),
-`add_change` keeps what ``set``, ``rollback`` and the NaN policy changed.
+`add_change` keeps what ``set``, ``rollback`` and the NaN policy changed;
+`say` prints what a run says to its user (one line, ``[traincontrol] ...``,
+unless its driver is quiet).
 All three are bounded, and so is the record they make (`as_record`): an
 entry that merges a burst of identical answers shows its ``count``, every
 id whose sender waits for it (``send --wait``: `protocol.is_waited_id`)
@@ -26,13 +28,14 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from ..protocol import Request, is_waited_id
 
-__all__ = ["Journal", "RunEvent", "Listener", "EVENTS_KEPT", "ACKS_KEPT", "CHANGES_KEPT", "ACK_IDS_KEPT",
+__all__ = ["Journal", "say", "RunEvent", "Listener", "EVENTS_KEPT", "ACKS_KEPT", "CHANGES_KEPT", "ACK_IDS_KEPT",
            "ACK_IDS_PUBLISHED", "WAITED_ACKS_KEPT", "WAITED_ACKS_SECONDS"]
 
 logger = logging.getLogger("jupyter_traincontrol")
@@ -216,3 +219,17 @@ def _published_ids(ids: list[str], waited) -> list[str]:
         return newest
     shown = set(newest)
     return [request_id for request_id in waited if request_id not in shown] + newest
+
+
+def say(message: str, *, verbose: bool, stream: TextIO | None = None) -> None:
+    """Prints ``[traincontrol] MESSAGE`` to `stream` (stdout by default), flushed.
+
+    Args:
+        message: The line, without the prefix.
+        verbose: The driver's ``verbose`` setting: False prints nothing.
+        stream: Where to print; stdout (as it is at the call) by default.
+    """
+    if verbose:
+        stream = stream or sys.stdout
+        stream.write(f"[traincontrol] {message}\n")  # one write: processes sharing a pipe do not cut it
+        stream.flush()

@@ -21,14 +21,14 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["Publisher", "PUBLISH_INTERVAL_SECONDS"]
+__all__ = ["Publisher", "PUBLISH_INTERVAL_SECONDS", "SOON_DELAY_SECONDS"]
 
 logger = logging.getLogger("jupyter_traincontrol")
 
 PUBLISH_INTERVAL_SECONDS = 0.5
 #: How long `publish_soon` lets its caller go on before the record is written
 #: (writing it takes the interpreter lock for a millisecond or two).
-_SOON_DELAY = 0.002
+SOON_DELAY_SECONDS = 0.002
 
 
 class Publisher:
@@ -96,7 +96,7 @@ class Publisher:
         return lambda: _do(chores + ([then] if then is not None else []))
 
     def run_soon(self, chore: Callable[[], None]) -> None:
-        """Has the driving thread call `chore()` within `_SOON_DELAY` (work
+        """Has the driving thread call `chore()` within `SOON_DELAY_SECONDS` (work
         the caller leaves to it); if the publisher stops first, `stop` returns it. Any thread."""
         with self._lock:
             wake = self._wake
@@ -104,17 +104,17 @@ class Publisher:
                 return
             self._chores.append(chore)
             if self._chores_at is None:
-                self._chores_at = time.monotonic() + _SOON_DELAY
+                self._chores_at = time.monotonic() + SOON_DELAY_SECONDS
         wake()
 
     def publish_soon(self) -> None:
-        """Has the driving thread write the record within `_SOON_DELAY` (if
+        """Has the driving thread write the record within `SOON_DELAY_SECONDS` (if
         it changed). Any thread; cheap."""
         with self._lock:
             wake = self._wake
             if wake is None or self._soon_at is not None:
                 return
-            self._soon_at = time.monotonic() + _SOON_DELAY  # the caller finishes its boundary first
+            self._soon_at = time.monotonic() + SOON_DELAY_SECONDS  # the caller finishes its boundary first
         wake()
 
     def due_in(self) -> float:
