@@ -35,7 +35,7 @@ from .batch_skipper import BatchSkipper, can_skip_batches
 from .data_order import DataOrder
 from .sources import ResumeSource, ResumeSourceError, describe_others
 
-__all__ = ["FitKind", "KERAS3", "Resumption", "nothing_loaded", "resume_from_latest", "resume_from_source"]
+__all__ = ["FitKind", "KERAS3", "Resumption", "resume_from_latest", "resume_from_source"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +154,7 @@ def resume_from_latest(
     restored = store.restore_latest(kind.state(model).restore, on_skip=on_skip)
     latest = restored.checkpoint
     if latest is None:
-        nothing = Resumption(message=nothing_loaded(store, restored), resumed=False)
+        nothing = Resumption(message=_nothing_loaded(store, restored), resumed=False)
         if not kind.resumes_others:
             return nothing
         others = store.scan()
@@ -170,7 +170,7 @@ def resume_from_latest(
     return _continue_at(model, latest, store.directory.name, data_order, on_skipped, kind)
 
 
-def nothing_loaded(store: CheckpointStore, restored) -> str:
+def _nothing_loaded(store: CheckpointStore, restored) -> str:
     """The sentence of a resume that loaded nothing from `store` (`restored`:
     its `restore_latest`, with the checkpoints it skipped)."""
     return f"No checkpoint in {store.directory} {_found(restored)}: starting from scratch."
