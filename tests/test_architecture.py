@@ -156,6 +156,48 @@ def test_control_callback_keeps_the_keras_hooks_only():
         f"ControlCallback has {count} statements; expected at most {MAX_CALLBACK_STATEMENTS} (its Keras hooks)")
 
 
+def _progress_fields() -> set[str]:
+    tree = ast.parse((ROOT / "boundary" / "progress.py").read_text())
+    (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "TrainingProgress"]
+    (init,) = [node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__"]
+    return {target.attr for node in ast.walk(init) for target in _written(node) if isinstance(target, ast.Attribute)}
+
+
+def _written(node: ast.AST) -> list[ast.AST]:
+    """The targets an assignment writes, tuples unpacked."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+        if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+    flat = []
+    while targets:
+        target = targets.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            targets.extend(target.elts)
+        else:
+            flat.append(target)
+    return flat
+
+
+def test_only_training_progress_writes_its_counters():
+    """`TrainingProgress`'s counters and flags are written by its own methods
+    only, named for what happened at a boundary: no driver or action sets
+    them itself (found as an assignment to ``progress.FIELD``,
+    ``self.progress.FIELD`` or ``self._progress.FIELD``)."""
+    fields = _progress_fields()
+    assert {"epoch", "step", "boundary", "mid_epoch", "pinned", "version"} <= fields
+    problems = []
+    for module, path in _modules().items():
+        if module == f"{PACKAGE}.boundary.progress":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            for target in _written(node):
+                receiver = getattr(target, "value", None)
+                names_progress = (isinstance(receiver, ast.Name) and receiver.id == "progress") or (
+                    isinstance(receiver, ast.Attribute) and receiver.attr in ("progress", "_progress"))
+                if isinstance(target, ast.Attribute) and target.attr in fields and names_progress:
+                    problems.append(f"{module}:{node.lineno} writes {ast.unparse(target)}")
+    assert not problems, problems
+
+
 def test_the_top_level_is_the_entry_points_and_at_most_three_small_files():
     files = sorted(path.name for path in ROOT.glob("*.py") if path.name != "__init__.py")
     assert len(files) <= 3, files

@@ -121,7 +121,7 @@ class CommandActions:
         if self._second_interrupt:
             self._second_interrupt = False
             raise KeyboardInterrupt("A second Ctrl+C (raised again at this boundary: Python had swallowed it).")
-        self.progress.mid_epoch = mid_epoch
+        self.progress.acting(mid_epoch)
         self._before_step = before_step
         self._synced = False
         channel = self._channel
@@ -253,9 +253,7 @@ class CommandActions:
         return end_reason(str(state), request.request_id if request is not None else None, nan=self.ended_by_nan)
 
     def _end_fit(self, command: Command, request: Request | None = None) -> None:
-        progress = self.progress
-        if progress.mid_epoch and not progress.epoch_is_over:
-            progress.stopped_mid_epoch = True
+        self.progress.ends_here()
         self.ended_by = command
         self.ending_request = request
         self._end()

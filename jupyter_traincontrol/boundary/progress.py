@@ -1,9 +1,12 @@
 """Where training stands, as its driver counts it: the numbers a boundary needs.
 
 `TrainingProgress` is kept by whatever drives the training (a `fit`'s
-callback, a `TrainLoop`) through the same few calls at its boundaries
-(`begin_epoch`, `step_done`, `end_epoch`), cheap enough for every batch, so
-an epoch is counted alike under every driver. The boundary layer reads it to know where a checkpoint is taken
+callback, a `TrainLoop`) and by what acts at its boundaries, through its
+own methods only, each named for what happened (`begin_epoch`,
+`step_done`, `end_epoch`, `ends_here`, `resume_at`, ...): cheap enough
+for every batch, the one writer of the counters and flags (checked by
+``tests/test_architecture.py``), so an epoch is counted alike under every
+driver. The fields are read freely. The boundary layer reads it to know where a checkpoint is taken
 (`position`), and the run reads it as its `ProgressSource` when it publishes
 (`progress`, a frozen `RunProgress`).
 """
@@ -49,7 +52,7 @@ class TrainingProgress:
         version: Changes whenever the counters do (the run compares it).
     """
 
-    def __init__(self, epoch: int = 0):
+    def __init__(self, epoch: int = 0, last_batch_ends_epoch: bool = True):
         self.epoch = epoch
         self.epoch_begun = False
         self.epochs: int | None = None
@@ -62,7 +65,7 @@ class TrainingProgress:
         self.metrics: dict[str, Any] = {}
         self.global_step: int | None = None
         self.tunables: dict[str, float | None] = {}
-        self.last_batch_ends_epoch = True
+        self.last_batch_ends_epoch = last_batch_ends_epoch
         self.pinned: TrainingPosition | None = None
         self.version = 0
 
@@ -97,6 +100,86 @@ class TrainingProgress:
             self.steps = self.step
         if metrics:
             self.metrics = dict(metrics)
+        self.version += 1
+
+    def plan(self, epochs: int | None, steps: int | None) -> None:
+        """The epochs asked for and an epoch's batches, as known now (None: not known)."""
+        self.epochs, self.steps = epochs, steps
+
+    def batch_begins(self, batch: int, passed: int) -> None:
+        """A step is about to train `batch` (zero-based) of the epoch;
+        `passed`: the boundaries passed before it (some counted on a pool)."""
+        if passed > self.boundary:
+            self.boundary = passed
+        self.step = batch
+
+    def catch_up(self, passed: int, step: int) -> None:
+        """Counts what a pool of threads saw ahead of the training thread:
+        `passed` boundaries, `step` batches of the epoch."""
+        if passed > self.boundary:
+            self.boundary = passed
+        if step > self.step:
+            self.step = step
+
+    def seen_on_pool(self, metrics: dict[str, Any] | None) -> None:
+        """A step's logs, seen on a pool of threads (the caller holds its lock)."""
+        if metrics:
+            self.metrics = metrics
+        self.version += 1
+
+    def step_skipped(self) -> None:
+        """A batch the resumed checkpoint already trained was drawn, not trained."""
+        self.step += 1
+
+    def set_metrics(self, metrics: dict[str, Any]) -> None:
+        """The latest logs, as they are to be shown."""
+        self.metrics = metrics
+
+    def begin_validation(self) -> None:
+        """The epoch's validation begins (its training batches are over)."""
+        self.in_validation = True
+
+    def acting(self, mid_epoch: bool) -> None:
+        """Commands act at this boundary: `mid_epoch`, right after a
+        training batch (else at an epoch's start or end, or in validation)."""
+        self.mid_epoch = mid_epoch
+
+    def ends_here(self) -> None:
+        """Training ends at this boundary: an epoch it leaves before its
+        last batch was stopped early (a checkpoint resumes inside it)."""
+        if self.mid_epoch and not self.epoch_is_over:
+            self.stopped_mid_epoch = True
+
+    def ended_after_last_epoch(self) -> None:
+        """Training ran to its end: the position is after its last epoch's
+        end, but for an epoch a callback of the user's ended early."""
+        self.mid_epoch = self.in_validation = False
+        if self.steps is not None and self.step < self.steps:
+            self.stopped_mid_epoch = True
+
+    def resume_at(self, epoch: int, global_step: int | None, pinned: TrainingPosition | None = None) -> None:
+        """A resume continues in `epoch` at optimizer step `global_step`;
+        `pinned`: the position checkpoints record until `unpin` (see the class)."""
+        self.epoch, self.global_step = epoch, global_step
+        if pinned is not None:
+            self.pinned = pinned
+
+    def pin(self, position: TrainingPosition) -> None:
+        """Until `unpin`, every checkpoint records `position`."""
+        self.pinned = position
+
+    def unpin(self) -> None:
+        """Checkpoints record where training is again."""
+        self.pinned = None
+
+    def set_global_step(self, global_step: int | None) -> None:
+        """The optimizer's step as of a checkpoint or a rollback."""
+        self.global_step = global_step
+        self.version += 1
+
+    def show_tunables(self, values: dict[str, float | None]) -> None:
+        """What ``set`` can change, with the current values."""
+        self.tunables = values
         self.version += 1
 
     def progress(self) -> RunProgress:

@@ -241,10 +241,7 @@ class SaveScheduler:
     def write_at_end(self) -> None:
         """The checkpoint of a `fit` that ran to its end (see `write_end`),
         at its position after its last epoch's end."""
-        progress = self._progress
-        progress.mid_epoch = progress.in_validation = False  # after the last epoch's end, as a stop there
-        if progress.steps is not None and progress.step < progress.steps:
-            progress.stopped_mid_epoch = True  # a callback of the user's ended the epoch early
+        self._progress.ended_after_last_epoch()
         self.write_end("fit")
 
     def write_end(self, what: str) -> None:
@@ -336,8 +333,7 @@ class SaveScheduler:
 
     def _committed(self, checkpoint: Checkpoint, position: TrainingPosition) -> Outcome:
         self._trained_for = 0.0  # autosave counts from the newest checkpoint, of any kind
-        self._progress.global_step = position.global_step
-        self._progress.version += 1
+        self._progress.set_global_step(position.global_step)
         self.run.add_checkpoint(checkpoint)
         self.last = checkpoint
         self._say(f"Checkpoint ({checkpoint.info.get('reason')}) written: {checkpoint.path}")

@@ -60,11 +60,11 @@ class TrainingSession:
         end_reason: How it ended (`protocol.END_REASONS`), once it has.
     """
 
-    def __init__(self, run, job=None, verbose: bool = True):
+    def __init__(self, run, job=None, verbose: bool = True, last_batch_ends_epoch: bool = True):
         self.run = run
         self.job = job
         self.verbose = verbose
-        self.progress = TrainingProgress()
+        self.progress = TrainingProgress(last_batch_ends_epoch=last_batch_ends_epoch)
         self.trained = None  # what a checkpoint holds (the driver's `state` object)
         self.actions: CommandActions | None = None
         self.nan_policy: NanPolicy | None = None

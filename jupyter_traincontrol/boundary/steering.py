@@ -207,7 +207,7 @@ class Steering:
                      if not _same(after.get(name), old)]
         self.rollbacks += 1
         self.suspect = None
-        progress.global_step = trained.step()
+        progress.set_global_step(trained.step())
         position = checkpoint.position
         goes_on = (f"epoch {progress.epoch + 2}" if progress.epoch_is_over
                    else f"epoch {progress.epoch + 1}, batch {progress.step + 1}")
@@ -335,8 +335,7 @@ class Steering:
             if unless_published_since is not None and self._values_published != unless_published_since:
                 return
             self._values_published += 1
-            self.progress.tunables = values
-            self.progress.version += 1
+            self.progress.show_tunables(values)
 
     def _warn(self, message: str) -> None:
         self.journal.log("warning", message)

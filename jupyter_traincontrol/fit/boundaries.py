@@ -78,9 +78,7 @@ class Boundaries:
     def batch_began(self, batch: int) -> None:
         """``on_train_batch_begin``: the step about to run (training thread)."""
         progress = self.progress
-        if self.begun > progress.boundary:  # the hooks of the steps before it ran on the pool
-            progress.boundary = self.begun
-        progress.step = batch
+        progress.batch_begins(batch, passed=self.begun)  # the hooks of the steps before it may have run on the pool
         gate = self._gate
         if gate is not None and gate.before_step(progress.boundary):
             self.dispatch.hold()  # an agreed command's step: its batch end on this thread
@@ -119,11 +117,7 @@ class Boundaries:
         """Counts the steps whose batch-end hooks ran on the pool (after
         Keras waited for them, or `BatchDispatch.flush`)."""
         self.dispatch.flush()
-        progress = self.progress
-        if self.begun > progress.boundary:
-            progress.boundary = self.begun
-        if self._last_on_pool > progress.step:
-            progress.step = self._last_on_pool
+        self.progress.catch_up(passed=self.begun, step=self._last_on_pool)
 
     def epoch_began(self) -> None:
         """A new epoch: its steps are counted from 0 (the pool has none of it yet)."""
@@ -135,11 +129,9 @@ class Boundaries:
         loss = logs.get("loss") if logs else None
         progress = self.progress
         with self._lock:
-            if logs:
-                progress.metrics = logs
             if batch + 1 > self._last_on_pool:
                 self._last_on_pool = batch + 1
-            progress.version += 1
+            progress.seen_on_pool(logs)
             self.history.add_loss(loss)
             if loss is not None and loss - loss != 0:
                 self._non_finite.append((loss, progress.epoch, batch))

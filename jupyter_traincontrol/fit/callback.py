@@ -290,7 +290,7 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         # Validation inside fit: commands act now, not only after it.
         session = self._session
         if session is not None and not session.closed:
-            session.progress.in_validation = True
+            session.progress.begin_validation()
             if session.dispatch.on_training_thread():
                 session.boundaries.at_boundary()
 

@@ -80,7 +80,7 @@ class FitSession(TrainingSession):
         super().__init__(callback.lifecycle, callback.job, callback.verbose)
         self.callback = callback
         self.model = model
-        self.progress.epochs, self.progress.steps = params.get("epochs"), params.get("steps")
+        self.progress.plan(params.get("epochs"), params.get("steps"))
         self.keras2 = is_keras2_model(model)  # a tf_keras model: saved on this thread, resumed without the data order
         self.trained = Keras2State(model) if self.keras2 else KerasState(model)
         self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack
@@ -198,10 +198,9 @@ class FitSession(TrainingSession):
         self._stack.callback(self.resumption.undo)
         if self.resumption.resumed:  # the callbacks' states, given back once their on_train_begin has run
             self.kept_callbacks.load(self.resumption.checkpoint.path)
-        if self.resumption.skipping:  # until then, a checkpoint is of the resumed one's weights and position
-            self.progress.pinned = self.resumption.checkpoint.position
-        self.progress.epoch = self.resumption.epoch
-        self.progress.global_step = self.trained.step()
+        # while it skips, a checkpoint is of the resumed one's weights and position
+        pinned = self.resumption.checkpoint.position if self.resumption.skipping else None
+        self.progress.resume_at(self.resumption.epoch, self.trained.step(), pinned)
         run.journal.log("warning" if self.resumption.others else "info", self.resumption.message)
         self.say(self.resumption.message)
         for difference in self.resumption.differences:  # said once, at resume; a warning reaches
@@ -209,7 +208,7 @@ class FitSession(TrainingSession):
 
     def _skipped(self) -> None:
         """The resumed epoch's batches already trained are drawn: training goes on from here."""
-        self.progress.pinned = None
+        self.progress.unpin()
 
     # At boundaries ---------------------------------------------------------------
 

@@ -271,7 +271,7 @@ class Job:
         if str(final_state) == "failed" and self._progress is not None:
             # The last batch's metrics may be arrays whose collective failed
             # (reading them raises) or never ends (reading them hangs).
-            self._progress.metrics = _settled(self._progress.metrics)
+            self._progress.set_metrics(_settled(self._progress.metrics))
         if self.lost_process is not None:
             self._record = {**self._record, "lost_process": self.lost_process,
                             "processes": self._peers.table(self.lost_process, str(final_state))}

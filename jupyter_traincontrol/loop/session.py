@@ -51,13 +51,13 @@ class LoopSession(TrainingSession):
 
     def __init__(self, run, owns_run: bool, trained, tunables, settings, job=None, where=None):
         # In a job, process 0 speaks for every process.
-        super().__init__(run, job, verbose=settings.verbose and (job is None or job.leader))
+        # The body may go on after the last item (last_batch_ends_epoch).
+        super().__init__(run, job, verbose=settings.verbose and (job is None or job.leader), last_batch_ends_epoch=False)
         self.owns_run = owns_run
         self._where = where
         self.trained = trained
         self.tunables = tunables
         self.settings = settings
-        self.progress.last_batch_ends_epoch = False  # the body may go on after the last item
         self.global_step = 0  # items trained, counted across resumes (the step of states without an optimizer's)
         self.resumed: Checkpoint | None = None
         self.skip = 0  # items of the resumed epoch already trained
@@ -125,9 +125,9 @@ class LoopSession(TrainingSession):
             self._restoring = {"random", "data"}
             resume_state = checkpoint.info.get("resume_state")
             self.data.resume(resume_state.get("data") if isinstance(resume_state, dict) else None)
-            self.progress.epoch, self.skip = position.resume_epoch, position.resume_step
+            self.skip = position.resume_step
             self.global_step = position.global_step or 0
-            self.progress.global_step = self.trained.step()
+            self.progress.resume_at(position.resume_epoch, self.trained.step())
             skipping = skipping_words(self.skip, "item")
             message = (f"Resumed from {checkpoint.path}: epoch {position.resume_epoch + 1}{skipping}; "
                        f"step {self.progress.global_step}")
@@ -187,16 +187,16 @@ class LoopSession(TrainingSession):
             self._restoring.discard("data")
             self._not_exact(self.data.restore(items))
             if self.skip:
-                self.progress.pinned = self.resumed.position  # a checkpoint now is of the resumed one's state
+                self.progress.pin(self.resumed.position)  # a checkpoint now is of the resumed one's state
         self.data.opening(items)
 
     def item_skipped(self, done: bool) -> None:
         """An item the resumed checkpoint already trained was drawn (not yielded)."""
         progress = self.progress
-        progress.step += 1
+        progress.step_skipped()
         if done:
             self.skip = 0
-            progress.pinned = None
+            progress.unpin()
             state = self.resumed.info.get("resume_state")
             random_state.restore_now(state)
             self._not_exact(random_state.restore_seed_generators(self._model(), state))
@@ -253,7 +253,7 @@ class LoopSession(TrainingSession):
             number = float(value)
             plain[name] = number
             self._logged.setdefault(name, []).append(number)
-        self.progress.metrics = {**self.progress.metrics, **plain}
+        self.progress.set_metrics({**self.progress.metrics, **plain})
         if "loss" in plain:
             self._last_loss = plain["loss"]
 

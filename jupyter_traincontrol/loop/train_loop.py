@@ -208,7 +208,7 @@ class TrainLoop:
         session = self._require()
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ValueError(f"epochs() takes a whole number of epochs, at least 0, got {count!r}.")
-        session.progress.epochs = count
+        session.progress.plan(count, session.progress.steps)
         for epoch in range(session.progress.epoch, count):
             if session.ended:
                 return
@@ -232,7 +232,7 @@ class TrainLoop:
             return
         size = len(items) if hasattr(items, "__len__") else None
         if size is not None and session.progress.steps is None:
-            session.progress.steps = size
+            session.progress.plan(session.progress.epochs, size)
         session.data_began(items)
         iterator = iter(items)
         skip = session.skip if session.progress.step == 0 else 0
