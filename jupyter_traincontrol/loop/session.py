@@ -51,8 +51,8 @@ class LoopSession(TrainingSession):
 
     def __init__(self, run, owns_run: bool, trained, tunables, settings, job=None, where=None):
         # In a job, process 0 speaks for every process.
-        # The body may go on after the last item (last_batch_ends_epoch).
-        super().__init__(run, job, verbose=settings.verbose and (job is None or job.leader), last_batch_ends_epoch=False)
+        super().__init__(run, job, verbose=settings.verbose and (job is None or job.leader),
+                         last_batch_ends_epoch=False)  # the body may go on after the last item
         self.owns_run = owns_run
         self._where = where
         self.trained = trained

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["values_for_snapshot", "freeze", "view", "copy_into", "host_copy", "copies_in_place", "as_host_array", "torch_on_host", "nbytes_of",
-           "Late", "MakeLate", "late_json"]
+__all__ = ["values_for_snapshot", "freeze", "view", "copy_into", "host_copy", "copies_in_place", "as_host_array",
+           "torch_on_host", "nbytes_of", "Late", "MakeLate", "late_json"]
 
 
 def copies_in_place() -> bool:
