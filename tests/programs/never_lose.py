@@ -43,7 +43,7 @@ def train_fit(args, control_options) -> dict:
             if not self.ready and self.control.fifo:
                 self.ready = True
                 print(f"READY {self.control.name} {self.control.fifo}", flush=True)
-            time.sleep(args.batch_sleep)  # after READY: a signal sent on READY arrives before the next boundary
+            pause(args.batch_sleep)  # after READY: a signal sent on READY arrives before the next boundary
 
         def on_train_end(self, logs=None):  # after the run's: its last checkpoint is written
             print("TRAIN_END", flush=True)
@@ -91,9 +91,20 @@ def train_loop(args, control_options) -> dict:
                 trained += 1
                 if trained == 1:
                     print(f"READY {loop.name} {loop.fifo}", flush=True)
-                time.sleep(args.batch_sleep)  # after READY: a signal sent on READY arrives before the next boundary
+                pause(args.batch_sleep)  # after READY: a signal sent on READY arrives before the next boundary
         print("CHECKPOINTS " + json.dumps([str(path) for path in loop.checkpoints]), flush=True)
     return {"state": loop.state, "trained": trained}
+
+
+def pause(seconds: float) -> None:
+    """Sleeps `seconds` in slices of 50 ms, as a training step gives the
+    interpreter back between its operations. One long sleep is woken by a
+    signal only if the kernel hands it to the main thread; handed to one of
+    the many threads of TensorFlow or JAX, its Python handler waits for the
+    sleep's end (a second SIGTERM took the whole 5 s pause once, on JAX)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
 
 
 def main() -> None:
