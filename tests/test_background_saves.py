@@ -230,8 +230,6 @@ def test_on_torch_a_tensor_on_an_accelerator_is_copied_there_and_only_the_writer
     (on an H200 that held training 0.7-0.8 s for 1 GB); the writer brings
     it to the host. No CUDA device here: `freeze` gives the copy it gives
     for one, and the host transfer is watched for the thread it runs on."""
-    from jupyter_traincontrol.state import snapshot as snapshot_module
-
     model = make_model()
     _fit(model, tiny_data)
     copied_on_device = []
@@ -242,7 +240,7 @@ def test_on_torch_a_tensor_on_an_accelerator_is_copied_there_and_only_the_writer
 
     to_host = frozen.torch_on_host
     brought_by = []
-    monkeypatch.setattr(snapshot_module, "freeze", device_copy)
+    monkeypatch.setattr(frozen, "freeze", device_copy)
     monkeypatch.setattr(frozen, "torch_on_host", lambda t: brought_by.append(threading.current_thread().name) or to_host(t))
     state, buffers = KerasState(model), SnapshotBuffers()
     boundary, boundary_step = _state(model), int(model.optimizer.iterations)
