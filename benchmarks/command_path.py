@@ -30,7 +30,7 @@ cut into segments:
   command taken, the checkpoint on disk, the acknowledgement in the record
   (written by the reader thread once woken: not counted);
 - the driver's end: ``on_train_end`` to its return (a loop:
-  ``LoopSession.close``, which ``TrainLoop.__exit__`` calls).
+  ``LoopAdapter.close``, which ``TrainLoop.__exit__`` calls).
 
 Dunder methods, properties, comprehensions and module bodies are left out
 (every module of the package is imported before tracing). Consecutive
@@ -292,7 +292,7 @@ def _loop_path(folder: Path, seed: int) -> dict[str, list]:
                     time.sleep(0.05)
                     loop.log(loss=float(model.train_on_batch(xb, yb)))
 
-    return _traced_from_cli(name, "stop", train, began, "the loop's item", "LoopSession.close")  # what __exit__ calls
+    return _traced_from_cli(name, "stop", train, began, "the loop's item", "LoopAdapter.close")  # what __exit__ calls
 
 
 def _traced_from_cli(name: str, command: str, train, began: threading.Event, what: str, end: str) -> dict[str, list]:

@@ -8,4 +8,7 @@
 - `steering`: ``set`` and ``rollback``, and the record of what changed.
 - `tunables`: what ``set`` may change in a Keras optimizer and model.
 - `nan_policy`: what a non-finite loss does.
+- `safeguards`: Ctrl+C, SIGTERM and autosave for the life of a training.
+- `session`: `TrainingSession`, the one training session of every driver
+  (`fit`, Keras 2's `fit`, `TrainLoop`), each a thin `Driver` adapter.
 """

@@ -1,15 +1,19 @@
-"""What every driver's training session shares: the run, a job, one stack of parts, one end.
+"""One training session for every driver: `fit` (Keras 3 and Keras 2) and `TrainLoop`.
 
-A `fit` (`fit.session.FitSession`) and a custom loop
-(`loop.session.LoopSession`) open the same parts around their training:
-the run (their own, or a notebook cell's, open already), a job's share of
-it when the training is one process of several, the commands' actions, the
-saves and the safeguards, each pushed on one `contextlib.ExitStack` as it
-opens. `TrainingSession` is that common part: opening the run and joining
-the job in the same order for both, ending once from whichever thread ends
-it (the training thread, a watchdog, a job's watcher, exit), and saying
-what happens in one voice. The drivers keep what only they know: where
-their boundaries are, how their state is read and resumed.
+`TrainingSession` owns every part a training holds while it is under
+control, in one order for every driver: the run (its own, or a notebook
+cell's, open already), a job's share of it when the training is one
+process of several, the steering, the saves, the commands' actions and
+the NaN policy, the resume, the safeguards (Ctrl+C, SIGTERM, autosave),
+each pushed on one `contextlib.ExitStack` as it opens. It ends once, from
+whichever thread ends it (the training thread, a watchdog, a job's
+watcher, exit), and says what happens in one voice. A new command or
+policy is wired here once, and behaves the same under every driver.
+
+A driver is a thin adapter (`Driver`: `fit.adapter.FitAdapter`,
+`loop.adapter.LoopAdapter`): it reports its boundaries and says how its
+state is read, steered and resumed (`Resumed`), and how its training is
+ended; it holds no resume, save or steering logic of its own.
 
 The job (`job.Job`, a layer beside this one) is used through the members
 it offers, never imported.
@@ -18,21 +22,24 @@ it offers, never imported.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from ..checkpoint import SkippedCheckpoint
+from ..checkpoint import Checkpoint, CheckpointStore, SkippedCheckpoint, TrainingPosition
 from ..protocol import Command, RunState
 from ..protocol import end_reason as end_reason_of_state
 from ..run.journal import say
+from ..state import random_state
 from .actions import CommandActions
 from .nan_policy import NanPolicy
 from .progress import TrainingProgress
 from .safeguards import Safeguards
 from .saves import SaveScheduler
+from .steering import Steering
 
-__all__ = ["TrainingSession"]
+__all__ = ["TrainingSession", "Driver", "Resumed", "SessionSettings"]
 
 #: How long the end of a lost job's run waits for an end another thread has
 #: begun (a job's end waits at most its ``lost_after``, two heartbeats, and
@@ -40,35 +47,149 @@ __all__ = ["TrainingSession"]
 LOST_END_WAIT_SECONDS = 30.0
 
 
+class SessionSettings(Protocol):
+    """What a session reads of its driver's settings (`ControlCallback`'s, `TrainLoop`'s)."""
+
+    resume: bool
+    save_in_background: bool
+    autosave: float | None
+    sigterm_grace: float
+    on_nan: str
+    nan_rollbacks: int
+
+
+@dataclasses.dataclass
+class Resumed:
+    """What a driver's resume loaded, for the session to keep and tell.
+
+    Attributes:
+        message: One line for the run's log and the user (where it
+            resumed, or that nothing loaded).
+        checkpoint: The checkpoint loaded, or None.
+        epoch: The zero-based epoch training continues in; None: nothing
+            loaded, the counters stay.
+        pinned: While the resumed epoch's trained steps are skipped, the
+            position every checkpoint records (the resumed one's); else None.
+        level: The log line's level (``warning`` when other runs' checkpoints
+            were found instead).
+        differences: Sentences saying what will differ from an uninterrupted
+            run (each a warning in the log).
+        undo: Puts back what the resume changed in the driver, as the
+            session closes; or None.
+    """
+
+    message: str
+    checkpoint: Checkpoint | None = None
+    epoch: int | None = None
+    pinned: TrainingPosition | None = None
+    level: str = "info"
+    differences: Sequence[str] = ()
+    undo: Callable[[], None] | None = None
+
+
+class Driver(Protocol):
+    """What a session asks of the driver it serves (a thin adapter).
+
+    Attributes:
+        unit: What one step is called (``batch``, ``item``).
+        model: The Keras model trained, or None.
+        trained: What a checkpoint holds (`port.Trained`).
+        exact_resume: Checkpoints keep the random state and data order.
+        handles_sigint: The session takes Ctrl+C.
+        handles_sigterm: The session takes SIGTERM.
+        reads_tunables_anywhere: Steered values may be read off the
+            training thread (by the run's thread, at the start).
+        attachments: What a checkpoint carries besides the state, or None.
+        step_of: The step a job's receipt names, or None (steps since the
+            run opened).
+    """
+
+    unit: str
+    model: Any
+    trained: Any
+    exact_resume: bool
+    handles_sigint: bool
+    handles_sigterm: bool
+    reads_tunables_anywhere: bool
+    attachments: Callable[..., Any] | None
+    step_of: Callable[[], int] | None
+
+    def opened(self, stack: contextlib.ExitStack) -> Any:
+        """The run is open: the driver's own watch, if any; returns where the
+        training runs (a job's ``thread_id`` and ``frame``), or None."""
+
+    def new_steering(self, run, progress: TrainingProgress, say: Callable[..., None]) -> Steering:
+        """The steering of the driver's tunables (``set``, ``rollback``)."""
+
+    def wire(self, stack: contextlib.ExitStack, saves: SaveScheduler) -> None:
+        """The actions are open: the driver's boundaries take commands from here."""
+
+    def resume(self, store: CheckpointStore, on_skip: Callable[[SkippedCheckpoint], None]) -> Resumed:
+        """Loads the checkpoint training continues from and positions the driver there."""
+
+    def data_state(self, position: TrainingPosition, in_epoch: bool) -> Mapping[str, Any] | None:
+        """What orders the data, for a checkpoint at `position` (an exact resume)."""
+
+    def end_training(self) -> None:
+        """Ends the training at this boundary (a command's or the run's stop)."""
+
+    def before_close(self, final_state: RunState) -> None:
+        """The closing thread, before anything closes."""
+
+    def after_close(self) -> None:
+        """The closing thread, after everything closed."""
+
+
 class TrainingSession:
-    """The run, the job and the closing of one training (a `fit`, a loop).
+    """One training under control, whatever drives it: its parts, opened in
+    one order, closed once.
 
     Args:
-        run: The run (a `run.RunLifecycle`).
+        run: The run (a `run.RunLifecycle`): open already if the session
+            does not own it (a notebook cell's, a with block's).
+        driver: The driver's adapter (`Driver`).
+        settings: The driver's settings (`SessionSettings`).
+        owns_run: True if the session opens the run and closes it.
         job: This process's part in a job (a `job.Job`), or None.
         verbose: Say what happens (start, resume, checkpoints, end).
+        last_batch_ends_epoch: The epoch's last step ends it (a `fit`); a
+            loop's body may go on after its last item.
 
     Attributes:
         progress: The training's counters.
-        trained: What a checkpoint holds (set by the driver).
+        trained: What a checkpoint holds (the driver's).
+        steering: ``set`` and ``rollback``, once open.
         actions: The commands' actions, once open.
         nan_policy: What a loss that is not finite does, once open.
         safeguards: Ctrl+C, SIGTERM and autosave, once open.
+        resumption: What the resume loaded (`Resumed`), or None if the
+            training did not resume.
+        random_at_epoch_start: The random state the epoch in progress began
+            with (`random_state.capture_epoch_start`), for exact resume.
+        interrupted_twice: A second Ctrl+C came while the first's stop waited.
         gate: In a job, the agreed channel the boundaries pass; else None.
         final_state: The state the run ended in (``failed`` until it ends).
         error: Why it failed, if it did.
         end_reason: How it ended (`protocol.END_REASONS`), once it has.
     """
 
-    def __init__(self, run, job=None, verbose: bool = True, last_batch_ends_epoch: bool = True):
+    def __init__(self, run, driver: Driver, settings: SessionSettings, *, owns_run: bool, job=None,
+                 verbose: bool = True, last_batch_ends_epoch: bool = True):
         self.run = run
+        self.driver = driver
+        self.settings = settings
+        self.owns_run = owns_run
         self.job = job
         self.verbose = verbose
         self.progress = TrainingProgress(last_batch_ends_epoch=last_batch_ends_epoch)
-        self.trained = None  # what a checkpoint holds (the driver's `state` object)
+        self.trained = driver.trained
+        self.steering: Steering | None = None
         self.actions: CommandActions | None = None
         self.nan_policy: NanPolicy | None = None
         self.safeguards: Safeguards | None = None
+        self.resumption: Resumed | None = None
+        self.random_at_epoch_start: Any = None
+        self.interrupted_twice = False
         self.gate = None  # in a job: the agreed channel, whose gate the boundaries pass (`_join_job`)
         self.final_state = RunState.FAILED
         self.error: str | None = None
@@ -78,14 +199,79 @@ class TrainingSession:
         self._closing_lock = threading.Lock()
         self._closer: threading.Thread | None = None  # the thread that closes
         self._closed = threading.Event()  # set once every part has closed
+        self._resume_from = getattr(settings, "resume_from", None)  # a fit's: another run's checkpoints, or a file
 
     # Opening ------------------------------------------------------------------------
 
-    def _open_run(self, owns_run: bool) -> None:
+    def open(self) -> None:
+        """Opens every part, on the training thread, in one order for every
+        driver: the run, the driver's watch, steering, saves, the job,
+        actions, the driver's boundaries, the folder's lock, the resume, the
+        safeguards.
+
+        Raises:
+            Whatever a part raises (a folder another run holds, a checkpoint
+            that cannot be read): the parts opened so far are closed first
+            and the run ends ``failed``.
+        """
+        try:
+            self._open_parts()
+        except BaseException as error:
+            self.close(RunState.FAILED, f"Could not start: {error}")
+            raise
+
+    def _open_parts(self) -> None:
+        run, stack, driver, settings = self.run, self._stack, self.driver, self.settings
+        self._open_run()
+        where = driver.opened(stack)
+        # A job saves on the training thread, its processes in step (process 0 writes, the others join in).
+        store = self._store_for(driver.model)
+        self.steering = steering = driver.new_steering(run, self.progress, self.say)
+        saves = self._new_saves(store, background=settings.save_in_background, autosave=settings.autosave)
+        channel = self._join_job(where, driver.model, step_of=driver.step_of)  # a job's: applied by all at one step
+        self._open_actions(channel, saves, steering, driver.end_training, settings.on_nan, settings.nan_rollbacks)
+        driver.wire(stack, saves)
+        if not store.held:  # checked and locked before the first step (a with block's run holds it for all its fits)
+            stack.callback(store.acquire().release)
+        stack.callback(self.actions.detach)  # the saves end while the folder is still held
+        if settings.resume or self._resume_from is not None:
+            self._resume(store)
+        read_on = run.publisher.run_soon if driver.reads_tunables_anywhere else None  # off the training thread
+        steering.begin(getattr(self.resumption, "checkpoint", None), read_on)
+        stack.callback(steering.publish_unread)  # in the last record, even if the run's thread had not read them
+        self._open_safeguards(saves, driver.unit, sigint=driver.handles_sigint, sigterm=driver.handles_sigterm,
+                              sigterm_grace=settings.sigterm_grace, on_second_sigint=self._on_second_sigint)
+
+    def start(self, act_now: bool = True) -> bool:
+        """After `open`: the run trains, or stops at once if it was told to.
+
+        Args:
+            act_now: Commands sent while nothing trained act now, before the
+                first step (a stop: after it); False: at the driver's first
+                boundary.
+
+        Returns:
+            False if the run was stopped before this training began.
+        """
+        run = self.run
+        if run.state == RunState.STARTING:
+            run.move_to(RunState.RUNNING)
+        if self.owns_run:
+            self.say(run.listening_words(resuming=self._resume_from is not None))
+        if run.state == RunState.STOPPING:  # the run was stopped before this training
+            self.driver.end_training()
+            return False
+        if act_now:
+            self.actions.apply_pending(mid_epoch=False, before_step=self.job is None)
+        return True
+
+    # The run and the job ---------------------------------------------------------------------
+
+    def _open_run(self) -> None:
         """Opens the run if the session owns it (a job first agrees on its
         name), else checks it is open; the run follows the counters."""
         run, stack, job = self.run, self._stack, self.job
-        if owns_run:
+        if self.owns_run:
             if job is not None:
                 job.begin(run)
                 stack.callback(job.run_ended)  # last: once the run's final record is written
@@ -128,9 +314,10 @@ class TrainingSession:
 
     # The parts, on one set of terms for every driver ----------------------------------------
 
-    def _new_saves(self, store, *, background: bool, autosave: float | None = None, resume_state=None,
-                   attachments=None, steering=None) -> SaveScheduler:
-        """The training's checkpoints into `store`, on `steering`'s terms.
+    def _new_saves(self, store, *, background: bool, autosave: float | None = None) -> SaveScheduler:
+        """The training's checkpoints into `store`, on its steering's terms,
+        with what the driver's checkpoints keep for an exact resume and
+        carry besides the state.
 
         In a job every process takes each save in step, on its training
         thread, at an agreed step: no background writes, and no autosave
@@ -141,16 +328,13 @@ class TrainingSession:
             background: Write on a writer thread from a host copy, where the
                 trained state can be copied.
             autosave: Seconds between autosaves, or None.
-            resume_state: What a checkpoint at a position keeps for an exact resume.
-            attachments: What a checkpoint carries besides the state (callbacks' states).
-            steering: The steering whose values a checkpoint records.
         """
-        in_job = self.job is not None
+        in_job, driver = self.job is not None, self.driver
         saves = SaveScheduler(self.trained, self.run, self.progress, self.say, store=store,
                               background=background and not in_job and getattr(self.trained, "snapshots", False),
-                              resume_state=resume_state, autosave=None if in_job else autosave,
-                              attachments=attachments)
-        saves.policy = steering
+                              resume_state=self._resume_state if driver.exact_resume else None,
+                              autosave=None if in_job else autosave, attachments=driver.attachments)
+        saves.policy = self.steering
         return saves
 
     def _open_actions(self, channel, saves: SaveScheduler, steering, on_end: Callable[[], None], on_nan: str,
@@ -195,10 +379,23 @@ class TrainingSession:
         self._after_close()
 
     def _before_close(self, final_state: RunState) -> None:
-        """Called once, by the closing thread, before anything closes."""
+        self.driver.before_close(final_state)
 
     def _after_close(self) -> None:
-        """Called once, by the closing thread, after everything closed."""
+        self.driver.after_close()
+
+    def save_after_close(self) -> None:
+        """The end checkpoint of a training that finished, written after its
+        session closed (a with block's, once its last `fit` has returned):
+        the model as it is now, at the last position. Nothing if it did not
+        finish or trained no step."""
+        if self.final_state is not RunState.FINISHED or not self.progress.boundary:
+            return
+        saves = self._new_saves(self.run.store, background=False)
+        try:
+            saves.write_at_end()
+        finally:
+            saves.close()
 
     def end_reason_for(self, state: RunState | str) -> str | None:
         """How the training ended in final `state` (`protocol.END_REASONS`)."""
@@ -237,7 +434,44 @@ class TrainingSession:
         if self.error is not None:  # the run goes on after this training (a notebook cell's): its log says why
             self.run.journal.log("error", self.error)
 
+    # Resume ------------------------------------------------------------------------------
+
+    def _resume(self, store: CheckpointStore) -> None:
+        """The driver loads the checkpoint training continues from; the
+        counters continue there, and the log and the user are told."""
+        run = self.run
+        self.resumption = resumed = self.driver.resume(store, self._report_skipped)
+        if resumed.undo is not None:
+            self._stack.callback(resumed.undo)
+        if resumed.epoch is not None:  # while it skips, a checkpoint is of the resumed one's weights and position
+            self.progress.resume_at(resumed.epoch, self.trained.step(), resumed.pinned)
+        run.journal.log(resumed.level, resumed.message)
+        self.say(resumed.message)
+        for difference in resumed.differences:  # said once, at resume; a warning reaches
+            run.journal.log("warning", difference)  # stderr through `logging` even when not verbose
+
+    def _resume_state(self, position: TrainingPosition) -> Mapping[str, Any] | None:
+        """What a checkpoint at `position` keeps for an exact resume (the
+        random state, the data order); while a resume still skips, the
+        resumed checkpoint's own."""
+        progress = self.progress
+        if progress.pinned is not None:
+            return self.resumption.checkpoint.info.get("resume_state")
+        in_epoch = position.resume_epoch == progress.epoch
+        started = self.random_at_epoch_start if in_epoch else None
+        return random_state.capture(self.driver.model, position.resume_epoch, started,
+                                    self.driver.data_state(position, in_epoch))
+
     # Interrupts, and what the user hears --------------------------------------------------
+
+    def _on_second_sigint(self, raises: bool) -> None:
+        # In a signal handler, on the main thread, which may hold any lock (a
+        # record write, a save): ending the run here could wait on a thread that
+        # waits on that lock. Only note it; where Python may swallow the
+        # `KeyboardInterrupt` that follows, the next boundary raises it again.
+        self.interrupted_twice = True
+        if raises:
+            self.actions.interrupt_at_next_boundary()
 
     def note_interrupt(self) -> None:
         """The next stop is an interrupt's (its checkpoint's reason). Any thread."""

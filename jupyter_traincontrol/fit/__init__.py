@@ -1,8 +1,8 @@
 """Keras `fit` under control: `ControlCallback` and what one `fit` holds.
 
 - `callback`: `ControlCallback`, the Keras hooks only.
-- `session`: `FitSession`, every part of one `fit`, opened at train begin
-  and closed once, by one `ExitStack`.
+- `adapter`: `FitAdapter`, a `fit`'s side of its training session
+  (`boundary.session.TrainingSession`): its boundaries, state and resume.
 - `span`: `FitSpan`, one run for every `fit` of a ``with ControlCallback(...)`` block.
 - `watchdog`: notices a `fit` that raised (Keras then skips ``on_train_end``).
 - `resume/`: exact resume (the batches already trained, random state, data order).

@@ -33,14 +33,16 @@ import keras
 
 from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
 from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS, check_autosave
+from ..boundary.session import TrainingSession
 from ..boundary.tunables import check_user_tunables
 from ..job import Job, current_jax_job
 from ..protocol import Command, Request, RunState
 from ..run import RunLifecycle
 from ..system.sigterm import DEFAULT_SIGTERM_GRACE, check_sigterm_grace
+from . import watchdog
+from .adapter import FitAdapter
 from .keras2 import Keras2Hooks
 from .resume.sources import check_resume_from
-from .session import FitSession
 from .span import FitSpan
 
 __all__ = ["ControlCallback"]
@@ -193,7 +195,7 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         self.lifecycle = lifecycle or RunLifecycle(
             name, checkpoint_dir, keep, channel_kind=channel_kind, registry=self.job.registry() if self.job else None
         )
-        self._session: FitSession | None = None  # the fit in progress, or the last one
+        self._fit: FitAdapter | None = None  # the fit in progress, or the last one
         self._span: FitSpan | None = None  # the run of the with block this callback is in
 
     # Public view ---------------------------------------------------------
@@ -219,21 +221,26 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         return self.lifecycle.address
 
     @property
-    def session(self) -> FitSession | None:
-        """The parts of the `fit` in progress (or of the last one)."""
-        return self._session
+    def adapter(self) -> FitAdapter | None:
+        """The `fit` in progress (or the last one): its side of the session."""
+        return self._fit
+
+    @property
+    def session(self) -> TrainingSession | None:
+        """The training session of the `fit` in progress (or of the last one)."""
+        return self._fit.session if self._fit is not None else None
 
     @property
     def ended_by(self) -> Command | None:
         """``stop`` or ``abort`` if that command ended the last (or current) `fit`."""
-        session = self._session
-        return session.actions.ended_by if session is not None and session.actions is not None else None
+        session = self.session
+        return session.ended_by if session is not None else None
 
     def end_reason(self, state: RunState | str) -> str | None:
         """How the last `fit` came to end in final `state` (`protocol.END_REASONS`)."""
-        session = self._session
-        if session is not None and session.actions is not None:
-            return session.end_reason_for(state)
+        fit = self._fit
+        if fit is not None and fit.session.actions is not None:
+            return fit.end_reason_for(state)
         return None
 
     def send(self, command: str | Command | Request, sender: str | None = "notebook") -> Request:
@@ -243,8 +250,8 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
     def note_interrupt(self) -> None:
         """Marks the next stop as caused by an interrupt (its checkpoint's
         reason becomes ``interrupt``). Safe from any thread."""
-        if self._session is not None:
-            self._session.note_interrupt()
+        if self._fit is not None:
+            self._fit.session.note_interrupt()
 
     # One run for many fits -----------------------------------------------
 
@@ -264,43 +271,45 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
     # Keras hooks ---------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        previous = self._session
+        previous = self.session
         if previous is not None and not previous.closed:
             previous.close(RunState.FAILED, "A new fit began before the previous one ended.")
         if self._span is not None:
             self._span.fit_begins()
-        self._session = FitSession(self, self.model, self.params)
-        self._session.open()
-        self._session.start()
+        if self.owns_lifecycle:
+            watchdog.check_all()  # a run of this process whose fit raised ends now, before a new one claims a name
+        fit = self._fit = FitAdapter(self, self.model, self.params)
+        fit.session.open()
+        fit.session.start()
 
     def on_epoch_begin(self, epoch, logs=None):
-        session = self._session
-        session.epoch_began(epoch)
-        session.boundaries.at_boundary(before_step=True)  # Keras runs a step before it checks stop_training
+        fit = self._fit
+        fit.epoch_began(epoch)
+        fit.boundaries.at_boundary(before_step=True)  # Keras runs a step before it checks stop_training
 
     def on_train_batch_begin(self, batch, logs=None):
         # Always on the training thread: counts the step, and (in a job) waits at an agreed one.
-        self._session.boundaries.batch_began(batch)
+        self._fit.boundaries.batch_began(batch)
 
     def on_train_batch_end(self, batch, logs=None):
         # The hot path: on Keras's pool, plain assignments; on the training thread, a flag check.
-        self._session.boundaries.batch_ended(batch, logs)
+        self._fit.boundaries.batch_ended(batch, logs)
 
     def on_test_batch_end(self, batch, logs=None):
         # Validation inside fit: commands act now, not only after it.
-        session = self._session
-        if session is not None and not session.closed:
-            session.progress.begin_validation()
-            if session.dispatch.on_training_thread():
-                session.boundaries.at_boundary()
+        fit = self._fit
+        if fit is not None and not fit.session.closed:
+            fit.session.progress.begin_validation()
+            if fit.dispatch.on_training_thread():
+                fit.boundaries.at_boundary()
 
     def on_epoch_end(self, epoch, logs=None):
-        session = self._session
-        session.boundaries.catch_up()  # the epoch's last steps, if their hooks ran on Keras's pool
-        session.epoch_ended(epoch, logs)
-        session.boundaries.at_boundary()
+        fit = self._fit
+        fit.boundaries.catch_up()  # the epoch's last steps, if their hooks ran on Keras's pool
+        fit.epoch_ended(epoch, logs)
+        fit.boundaries.at_boundary()
 
     def on_train_end(self, logs=None):
-        self._session.train_ended()
+        self._fit.train_ended()
         if self._span is not None:
             self._span.fit_ended()

@@ -146,9 +146,9 @@ class FitSpan:
         run = callback.lifecycle
         callback.owns_lifecycle = True
         callback.resume, callback.resume_from, callback.save_at_end = self._settings
-        session = callback.session
-        if session is not None and not session.closed:  # a fit that raised: its watchdog has not ended it yet
-            session.fit_lost()
+        fit = callback.adapter
+        if fit is not None and not fit.session.closed:  # a fit that raised: its watchdog has not ended it yet
+            fit.fit_lost()
         if drivers.driving:
             drivers.driver_ended(callback)
         swallowed = isinstance(error, TrainingEnded) and error.run_id == run.run_id
@@ -163,7 +163,7 @@ class FitSpan:
             reason = "interrupt" if issubclass(kind, KeyboardInterrupt) else None
         try:
             if state is RunState.FINISHED and callback.save_at_end and drivers.count:
-                session.save_after_close()  # the last fit's session: the block's last position
+                fit.session.save_after_close()  # the last fit's session: the block's last position
         finally:
             try:
                 run.store.release()

@@ -41,7 +41,7 @@ from ..run import RunLifecycle
 from ..system.frames import find_caller
 from ..system.sigterm import DEFAULT_SIGTERM_GRACE, check_sigterm_grace
 from .host import current_host
-from .session import LoopSession
+from .adapter import LoopAdapter
 from .states import build_state
 
 __all__ = ["TrainLoop"]
@@ -142,14 +142,14 @@ class TrainLoop:
         self._requested = (name, checkpoint_dir, keep)
         RunLifecycle(name, checkpoint_dir, keep)  # checks name and keep now
         self._job_option = job
-        self._session: LoopSession | None = None
+        self._loop: LoopAdapter | None = None
         self._host = None
         self._epochs_done = False
 
     # The run -------------------------------------------------------------------
 
     def __enter__(self) -> "TrainLoop":
-        if self._session is not None:
+        if self._loop is not None:
             raise RuntimeError("This TrainLoop was entered already; make a new one for another loop.")
         host = self._host = current_host()
         job = None
@@ -167,37 +167,37 @@ class TrainLoop:
             job = current_job() if option is None or option is True else (option or None)
             run = RunLifecycle(*self._requested, origin=None, registry=job.registry() if job is not None else None)
             owns = True
-        session = None
-        trained, tunables = build_state(**self._parts, step=lambda: session.step())
+        loop = None
+        trained, tunables = build_state(**self._parts, step=lambda: loop.step())
         where = LoopThread(threading.get_ident(), find_caller(lambda frame: True)) if job is not None else None
-        session = self._session = LoopSession(run, owns, trained, tunables, self, job=job, where=where)
-        session.open()
+        loop = self._loop = LoopAdapter(run, owns, trained, tunables, self, job=job, where=where)
+        loop.open()
         if host is not None:
             host.driver_began(self)
         return self
 
     def __exit__(self, kind, error, tb) -> bool:
-        session = self._require()
+        loop = self._require()
         if kind is not None:
             text = "".join(traceback.format_exception(kind, error, tb))
-            session.close(RunState.FAILED, text)
+            loop.close(RunState.FAILED, text)
         else:
-            ended_by = session.ended_by
+            ended_by = loop.session.ended_by
             try:
                 if ended_by is None and self._epochs_done and self.save_at_end:
-                    session.write_end_checkpoint()
+                    loop.write_end_checkpoint()
             except BaseException as interrupted:  # a Ctrl+C in the last save: the run ends all the same
-                session.close(RunState.FAILED, f"{type(interrupted).__name__} in the checkpoint at the loop's end.")
+                loop.close(RunState.FAILED, f"{type(interrupted).__name__} in the checkpoint at the loop's end.")
                 raise
-            session.close(final_state(ended_by))
+            loop.close(final_state(ended_by))
         if self._host is not None:
             self._host.driver_ended(self)
         return False
 
-    def _require(self) -> LoopSession:
-        if self._session is None:
+    def _require(self) -> LoopAdapter:
+        if self._loop is None:
             raise RuntimeError("Use TrainLoop in a with block: `with TrainLoop(...) as loop:`.")
-        return self._session
+        return self._loop
 
     # The loops -------------------------------------------------------------------
 
@@ -205,19 +205,20 @@ class TrainLoop:
         """Yields the epochs to train, ``0`` to ``count - 1`` (from the
         resumed checkpoint's, after a resume); at each one's start and end,
         waiting commands act. Ends early after a ``stop`` or ``abort``."""
-        session = self._require()
+        loop = self._require()
+        progress = loop.session.progress
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ValueError(f"epochs() takes a whole number of epochs, at least 0, got {count!r}.")
-        session.progress.plan(count, session.progress.steps)
-        for epoch in range(session.progress.epoch, count):
-            if session.ended:
+        progress.plan(count, progress.steps)
+        for epoch in range(progress.epoch, count):
+            if loop.ended:
                 return
-            session.epoch_began(epoch, None)
-            if session.ended:
+            loop.epoch_began(epoch, None)
+            if loop.ended:
                 return
             yield epoch
-            session.epoch_ended(epoch)
-        if not session.ended:
+            loop.epoch_ended(epoch)
+        if not loop.ended:
             self._epochs_done = True
 
     def batches(self, items: Iterable) -> Iterator[Any]:
@@ -225,27 +226,28 @@ class TrainLoop:
         has trained on one) waiting commands act. After a resume, the items
         the checkpoint already trained in its epoch are drawn without being
         yielded. Ends early after a ``stop`` or ``abort``."""
-        session = self._require()
-        if not session.progress.epoch_begun:
+        loop = self._require()
+        progress = loop.session.progress
+        if not progress.epoch_begun:
             raise RuntimeError("batches() runs inside epochs(): `for epoch in loop.epochs(N): for b in loop.batches(data):`.")
-        if session.ended:
+        if loop.ended:
             return
         size = len(items) if hasattr(items, "__len__") else None
-        if size is not None and session.progress.steps is None:
-            session.progress.plan(session.progress.epochs, size)
-        session.data_began(items)
+        if size is not None and progress.steps is None:
+            progress.plan(progress.epochs, size)
+        loop.data_began(items)
         iterator = iter(items)
-        skip = session.skip if session.progress.step == 0 else 0
+        skip = loop.skip if progress.step == 0 else 0
         for index in range(skip):
             next(iterator, None)
-            session.item_skipped(done=index == skip - 1)
-            if session.ended:
+            loop.item_skipped(done=index == skip - 1)
+            if loop.ended:
                 return
         for item in iterator:
-            session.item_begins()
+            loop.item_begins()
             yield item
-            session.item_done()
-            if session.ended:
+            loop.item_done()
+            if loop.ended:
                 return
 
     def log(self, **metrics: float) -> None:
@@ -259,58 +261,58 @@ class TrainLoop:
     @property
     def state(self) -> str:
         """``starting``, ``running``, ... then ``stopped``, ``aborted``, ``finished`` or ``failed``."""
-        session = self._session
-        return str(session.run.state) if session is not None else str(RunState.STARTING)
+        loop = self._loop
+        return str(loop.session.run.state) if loop is not None else str(RunState.STARTING)
 
     @property
     def name(self) -> str | None:
-        session = self._session
-        return session.run.name if session is not None else self._requested[0]
+        loop = self._loop
+        return loop.session.run.name if loop is not None else self._requested[0]
 
     @property
     def epoch(self) -> int:
         """The epoch in progress (zero-based, as `epochs` yields it)."""
-        return self._require().progress.epoch
+        return self._require().session.progress.epoch
 
     @property
     def step(self) -> int:
         """Items trained (or drawn) in the epoch in progress."""
-        return self._require().progress.step
+        return self._require().session.progress.step
 
     @property
     def checkpoints(self) -> list[Path]:
         """The run's complete checkpoints, oldest first."""
-        session = self._session
-        return session.run.checkpoint_paths() if session is not None else []
+        loop = self._loop
+        return loop.session.run.checkpoint_paths() if loop is not None else []
 
     @property
     def fifo(self) -> str | None:
         """Where to write commands while the loop listens."""
-        session = self._session
-        return session.run.address if session is not None else None
+        loop = self._loop
+        return loop.session.run.address if loop is not None else None
 
     @property
     def ended_by(self) -> Command | None:
         """``stop`` or ``abort`` if that command ended the loop."""
-        session = self._session
-        return session.ended_by if session is not None else None
+        loop = self._loop
+        return loop.session.ended_by if loop is not None else None
 
     def end_reason(self, state) -> str | None:
         """How the loop came to end in final `state` (`protocol.END_REASONS`)."""
-        return self._require().end_reason_for(state)
+        return self._require().session.end_reason_for(state)
 
     def note_interrupt(self) -> None:
         """The next stop is an interrupt's (its checkpoint's reason)."""
-        if self._session is not None:
-            self._session.note_interrupt()
+        if self._loop is not None:
+            self._loop.session.note_interrupt()
 
     def send(self, command, sender: str | None = "loop"):
         """Sends the loop's run a command (``"stop"``, ``"set lr=1e-4"``) and
         returns the `protocol.Request` (its ``request_id`` is in the record's
         acks once it acted). From the loop's own body, it acts at the next
         boundary; from another thread, as any writer's."""
-        session = self._require()
-        return session.run.send(command, sender=sender, direct=session.on_loop_thread())
+        loop = self._require()
+        return loop.session.run.send(command, sender=sender, direct=loop.on_loop_thread())
 
     def __repr__(self) -> str:
         return f"<TrainLoop {self.name!r} {self.state}>"

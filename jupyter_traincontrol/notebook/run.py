@@ -173,8 +173,8 @@ class TrainingRun(FitInterceptor):
     @property
     def keras2(self) -> bool:
         """True if a fit of the cell trained a Keras 2 (``tf_keras``) model."""
-        session = getattr(self._callback, "session", None)
-        return bool(getattr(session, "keras2", False))
+        fit = getattr(self._callback, "adapter", None)
+        return bool(getattr(fit, "keras2", False))
 
     @property
     def name(self) -> str | None:
