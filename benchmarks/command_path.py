@@ -20,15 +20,15 @@ cut into segments:
 
 - sender: the CLI's own calls, from ``main`` to its return (the panel's:
   the click handler to its return);
-- reader: the run's FIFO reader thread, from the read that brings the
-  line to its return: decoding, queueing, telling the training (what the
-  thread does between reads, the run's ticker and the channel's check,
-  goes by the clock and is left out);
+- the run's thread (``run.run_thread``), from the read of the channel
+  that brings the line to its return: decoding, queueing, telling the
+  training (what the thread does between reads, the run's ticker and the
+  channel's check, goes by the clock and is left out);
 - run side: the training thread from the boundary that takes the command
   (the ``CommandActions.apply_pending`` that applies it) to its return,
   with the write on the writer thread it waits for (the whole write): the
   command taken, the checkpoint on disk, the acknowledgement in the record
-  (written by the reader thread once woken: not counted);
+  (written by the run's thread once woken: not counted);
 - the driver's end: ``on_train_end`` to its return (a loop:
   ``LoopAdapter.close``, which ``TrainLoop.__exit__`` calls).
 
@@ -37,8 +37,9 @@ Dunder methods, properties, comprehensions and module bodies are left out
 calls of one thread in one module are one hop (each thread's calls merged
 on their own: how two threads interleaved does not count); a re-entry is a
 hop into a module already visited in the segment. The whole command is
-sender, reader and run side together. The figures are deterministic (the
-paths are traced with a long interpreter switch interval, see `trace`):
+the sender, the run's thread's read and the run side together. The
+figures are deterministic (the paths are traced with a long interpreter
+switch interval, see `trace`):
 each path is traced ``--rounds`` times (3; 1 with ``--quick``) and the
 rounds must agree.
 
@@ -185,7 +186,7 @@ PATHS = {
     "panel-stop": "panel Stop click, a notebook run's `fit`",
     "loop-stop": "CLI `stop`, `TrainLoop`",
 }
-SEGMENTS = ("sender", "reader thread", "run side", "whole command", "driver's end")
+SEGMENTS = ("sender", "run's thread: the read", "run side", "whole command", "driver's end")
 _TRAINER = "trainer"
 _BATCHES, _SEND_AT = 16, 2  # items of an epoch; the command goes during this one
 
@@ -329,8 +330,8 @@ def _segments(tracer: Tracer, name: str, sender: tuple[str, str, int], trainer: 
     taken_end = tracer.first_return(trainer, "CommandActions.apply_pending", after=applied)
     end = tracer.first_call(trainer, end_call, after=taken_end)
     end_done = tracer.first_return(trainer, end_call, after=end)
-    # The reader: the read that brings the line (its call began before the send), to its return. What the
-    # thread does between reads (the run's ticker, the channel's check) goes by the clock: left out.
+    # The run's thread: the read that brings the line (its call began before the send), to its return. What
+    # the thread does between reads (the run's ticker, the channel's check) goes by the clock: left out.
     reader = f"traincontrol-reader-{name}"
     decoded = tracer.first_call(reader, "LineDecoder.feed", after=sent)
     read = max(seq for seq, thread, _m, call in events
@@ -353,10 +354,10 @@ def trace(folder: Path, seed: int) -> dict[str, dict[str, list]]:
     """Each path of `PATHS`, traced once: path to segment to its calls.
 
     A thread that runs Python keeps the interpreter lock until it waits
-    (not 5 ms at most, Python's default), so the run's reader thread does
+    (not 5 ms at most, Python's default), so the run's thread does
     not cut into a boundary on a busy machine; and a publish the boundary
     asks for waits half a second, not 2 ms (`SOON_DELAY_SECONDS`):
-    `Publisher.publish_soon` wakes the reader unless a publish is due
+    `Publisher.publish_soon` wakes the run's thread unless a publish is due
     already, and whether the first one of a boundary was done before its
     second went by the clock (a machine that held the training thread
     back for 2 ms made a round differ). The figures are then those of a
@@ -412,7 +413,7 @@ def docs_block(figures: Figures) -> str:
         "the test suite fails when these figures differ from what it traces now.",
         "Each cell: modules / hops / re-entries.",
         "",
-        ("| path | sender | reader thread | run side: command taken to acknowledged record | whole command "
+        ("| path | sender | the run's thread: the read | run side: command taken to acknowledged record | whole command "
          "| the `fit`'s (loop's) end |"),
         "|---|---|---|---|---|---|",
     ]
@@ -483,7 +484,7 @@ def main(argv=None) -> int:
     for path, segments in figures.items():
         print(f"{PATHS[path]}:")
         for segment, (modules, hop_count, reentries) in segments.items():
-            print(f"  {segment:<16} {modules:>4} modules {hop_count:>4} hops {reentries:>4} re-entries")
+            print(f"  {segment:<22} {modules:>4} modules {hop_count:>4} hops {reentries:>4} re-entries")
     print()
     for target, path, mine, against, met in targets(figures):
         print(f"{'met    ' if met else 'NOT MET'}  {target}: {PATHS[path]} {_slashed(mine)} (target {against})")

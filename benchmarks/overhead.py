@@ -8,7 +8,7 @@ here), so the hidden layers start 16 wide and double until a plain step
 takes at least 80 % of ``--step-ms`` (default 1 ms; 0 keeps 16):
 
 - ``plain``: no callbacks;
-- ``ControlCallback``: ours (registry record, FIFO and reader thread are
+- ``ControlCallback``: ours (registry record, FIFO and the run's thread are
   opened and closed in every `fit`, so that cost is included);
 - ``naive FIFO``: the common recipe, a callback that opens, reads and closes
   a FIFO after every batch (nobody writes to it);
@@ -16,7 +16,7 @@ takes at least 80 % of ``--step-ms`` (default 1 ms; 0 keeps 16):
 
 Each `fit` trains the same number of batches; the whole call is measured,
 in wall time and in CPU time of the process (all its threads: TensorFlow's
-and our reader thread). CPU time is much less disturbed by other processes
+and the run's thread). CPU time is much less disturbed by other processes
 on a shared machine. Reported: medians per variant, and the median of the
 per-round ratios to ``plain``.
 
@@ -26,9 +26,9 @@ noise:
 
 - per batch: inside a real `fit`, its batch hook (and the naive FIFO
   callback's) is called 20,000 times in a row and timed;
-- per `fit`: opening and closing the run (registry record, FIFO, reader
+- per `fit`: opening and closing the run (registry record, FIFO, the run's
   thread, SIGINT handler): fits of 2 batches with and without it, alternated;
-- in the background: the CPU time its reader thread used during the
+- in the background: the CPU time the run's thread used during the
   measured fits (from ``/proc/self/task/TID/schedstat``, in nanoseconds).
 
 Their sum, over a plain fit's time, is the estimated overhead.
@@ -144,7 +144,7 @@ def hook_cost(model, x, y, callbacks: dict, calls: int) -> dict[str, float]:
 
     Args:
         callbacks: Name to a callback; each is part of the fit, so it is set
-            up (for `ControlCallback`: registry record, FIFO, reader thread).
+            up (for `ControlCallback`: registry record, FIFO, the run's thread).
         calls: Calls per callback.
     """
     import keras
@@ -295,7 +295,7 @@ def thread_cpu_seconds(native_id: int) -> float:
 
 class ReaderCpu:
     """A callback to put *before* `ControlCallback`: at train end (before the
-    control callback closes its channel) it adds up its reader thread's CPU."""
+    control callback closes its channel) it adds up the run's thread's CPU."""
 
     def __new__(cls, run_name: str):
         import threading

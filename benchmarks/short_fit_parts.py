@@ -16,8 +16,8 @@ wrapped by a timer that counts only calls on the training thread:
   the `fit` at once) and let go (`CheckpointStore.release`: removed again
   when the run left it empty);
 - the command channel: its FIFO made and opened (`FifoChannel.__init__`),
-  the run's thread started (`CommandChannel.start`), its end
-  (`CommandChannel.end`);
+  the run's thread started (`RunThread.start`), its end
+  (`RunThread.end`);
 - the epoch hooks (the random states as the epoch began, for exact
   resume; the steered values into the epoch's logs).
 
@@ -60,15 +60,15 @@ def package_parts() -> list[tuple[str, type, str]]:
     """``(label, class, method)`` of each part of the package timed."""
     from jupyter_traincontrol.checkpoint import CheckpointStore
     from jupyter_traincontrol.registry import RunFolder
+    from jupyter_traincontrol.run.run_thread import RunThread
     from jupyter_traincontrol.transport.fifo import FifoChannel
-    from jupyter_traincontrol.transport.receiver import CommandChannel
 
     return [("record writes", RunFolder, "write_record"),
             ("checkpoint folder taken", CheckpointStore, "acquire"),
             ("checkpoint folder let go", CheckpointStore, "release"),
             ("FIFO made", FifoChannel, "__init__"),
-            ("run's thread started", CommandChannel, "start"),
-            ("channel ended", CommandChannel, "end")]
+            ("run's thread started", RunThread, "start"),
+            ("channel ended", RunThread, "end")]
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""The FIFO channel (and its spool fallback), with real FIFOs and processes."""
+"""The FIFO channel (and its spool fallback), with real FIFOs and processes, read by a run's thread."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 import pytest
 
 from helpers import wait_drained, wait_until
+from jupyter_traincontrol.run.run_thread import RunThread
 from jupyter_traincontrol.transport.channels import open_channel
 from jupyter_traincontrol.transport.fifo import FIFO_NAME
 from jupyter_traincontrol.transport.send import NotListeningError, deliver
@@ -26,14 +27,23 @@ def folder(tmp_path):
     return path
 
 
+def reading(folder, kind, name, ticker=None, health_check_seconds=0.5, start=True, **kwargs):
+    """A run's thread reading a new channel of `kind` in `folder` (started unless `start` is False)."""
+    thread = RunThread(open_channel(folder, kind, **kwargs), ticker, name=name,
+                       health_check_seconds=health_check_seconds)
+    return thread.start() if start else thread
+
+
 @pytest.fixture(params=["fifo", "spool"])
 def channel(request, folder):
     rejected = []
     notices = []
-    ch = open_channel(folder, request.param, on_rejected=rejected.append, on_notice=notices.append, name="test", health_check_seconds=0.05)
+    thread = reading(folder, request.param, "test", on_rejected=rejected.append, on_notice=notices.append,
+                     health_check_seconds=0.05)
+    ch = thread.channel
     ch.rejected, ch.notices = rejected, notices
     yield ch
-    ch.close()
+    thread.close()
 
 
 def drain(channel, count, timeout=10):
@@ -193,10 +203,10 @@ def test_fifo_replaced_by_a_file_is_recreated(channel):
 
 
 def test_close_removes_the_channel_and_stops_the_thread(folder):
-    ch = open_channel(folder, "fifo", name="closing")
-    address = ch.address
-    ch.close()
-    ch.close()  # idempotent
+    thread = reading(folder, "fifo", "closing")
+    address = thread.channel.address
+    thread.close()
+    thread.close()  # idempotent
     assert not os.path.exists(address)
     assert not [t for t in threading.enumerate() if t.name == "traincontrol-reader-closing"]
     with pytest.raises(NotListeningError):
@@ -206,15 +216,15 @@ def test_close_removes_the_channel_and_stops_the_thread(folder):
 @pytest.mark.parametrize("kind", ["fifo", "spool"])
 def test_stop_lets_the_reader_end_without_waiting_for_it_and_close_joins_it_and_removes_the_channel(folder, kind):
     """A run's end writes its last record while its thread ends (`stop`), then joins it (`close`)."""
-    ch = open_channel(folder, kind, name="stopping")
-    address = ch.address
-    ch.stop()
-    ch.stop()  # idempotent
+    thread = reading(folder, kind, "stopping")
+    address = thread.channel.address
+    thread.stop()
+    thread.stop()  # idempotent
     wait_until(lambda: not [t for t in threading.enumerate() if t.name == "traincontrol-reader-stopping"], timeout=5,
-               message="the reader thread to end by itself")
+               message="the run's thread to end by itself")
     assert os.path.exists(address)  # the channel stays until `close`
-    ch.close()
-    ch.close()  # idempotent
+    thread.close()
+    thread.close()  # idempotent
     assert not os.path.exists(address)
     with pytest.raises(NotListeningError):
         deliver(address, "stop", kind=kind)
@@ -223,30 +233,32 @@ def test_stop_lets_the_reader_end_without_waiting_for_it_and_close_joins_it_and_
 @pytest.mark.parametrize("kind", ["fifo", "spool"])
 def test_end_removes_the_channel_at_once_and_the_thread_closes_the_rest_as_it_ends(folder, kind):
     """A run's end: nobody waits for its thread, whose name is free at once."""
-    ch = open_channel(folder, kind, name="ending", health_check_seconds=0.01)
+    thread = reading(folder, kind, "ending", health_check_seconds=0.01)
+    ch = thread.channel
     address = ch.address
     time.sleep(0.05)  # a few health checks: none re-makes the channel once `end` removed it
     lasts = []
-    ch.end(last=lambda: lasts.append(threading.current_thread().name))
+    thread.end(last=lambda: lasts.append(threading.current_thread().name))
     assert not os.path.exists(address)
     with pytest.raises(NotListeningError):
         deliver(address, "stop", kind=kind)
     wait_until(lambda: not [t for t in threading.enumerate() if t.name == "traincontrol-reader-ending"], timeout=5,
-               message="the reader thread to end by itself")
+               message="the run's thread to end by itself")
     assert lasts == ["traincontrol-reader-ending"]
     if kind == "fifo":
         assert ch._wake_w == ch._wake_r == ch._read_fd == -1, "the thread closed its descriptors"
     time.sleep(0.05)
     assert not os.path.exists(address)
-    ch.end()
-    ch.close()  # idempotent: nothing left to do
+    thread.end()
+    thread.close()  # idempotent: nothing left to do
     assert lasts == ["traincontrol-reader-ending"]
 
 
 def test_end_of_a_channel_whose_thread_never_started_does_everything_at_once(folder):
-    ch = open_channel(folder, "fifo", name="unstarted", start=False)
+    thread = reading(folder, "fifo", "unstarted", start=False)
+    ch = thread.channel
     lasts = []
-    ch.end(last=lambda: lasts.append("last"))
+    thread.end(last=lambda: lasts.append("last"))
     assert lasts == ["last"] and not os.path.exists(folder / FIFO_NAME)
     assert ch._wake_w == ch._read_fd == -1
 
@@ -271,24 +283,24 @@ class CountingTicker:
 
 
 @pytest.mark.parametrize("kind", ["fifo", "spool"])
-def test_the_reader_thread_drives_a_ticker_when_due_and_when_woken(folder, kind):
+def test_the_runs_thread_drives_a_ticker_when_due_and_when_woken(folder, kind):
     ticker = CountingTicker()
-    ch = open_channel(folder, kind, name="ticking", health_check_seconds=30, start=False)
-    ch.start(ticker=ticker)
+    thread = reading(folder, kind, "ticking", ticker, health_check_seconds=30)
+    ch = thread.channel
     try:
         time.sleep(0.3)
-        assert ticker.ticks == 0, "the reader ticked with nothing due"
-        ch.wake()
+        assert ticker.ticks == 0, "the thread ticked with nothing due"
+        thread.wake()
         wait_until(lambda: ticker.ticks >= 1, message="a tick after wake()")
         woken = ticker.ticks
         time.sleep(0.3)
         assert ticker.ticks == woken, f"one wake-up ticked {ticker.ticks - woken} more times (a wake-up left behind)"
         ticker.due = 0.02
-        ch.wake()
+        thread.wake()
         wait_until(lambda: ticker.ticks >= woken + 5, message="ticks every 20 ms once due")
         deliver(ch.address, "save")  # commands still arrive while it ticks
         assert drain(ch, 1) == [Command.SAVE]
     finally:
-        ch.close()
-    ch.wake()  # closed: nothing to wake, no error
+        thread.close()
+    thread.wake()  # closed: nothing to wake, no error
     assert not [t for t in threading.enumerate() if t.name == "traincontrol-reader-ticking"]

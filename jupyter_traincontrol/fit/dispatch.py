@@ -11,7 +11,7 @@ holds the training thread itself). So while a command waits, `hold`
 switches Keras's dispatch of this `fit` to synchronous (the flags Keras's
 `CallbackList` reads at every batch end): the next batch-end hooks run on
 the training thread, where the command acts, and `release` switches back
-once nothing waits. Any thread may `hold` (the FIFO's reader thread when a
+once nothing waits. Any thread may `hold` (the run's thread when a
 command arrives, the checkpoint writer when saves wait for it, a pool
 thread that saw a loss that is not finite); only the training thread
 `release`s, and re-holds at once if something came meanwhile.

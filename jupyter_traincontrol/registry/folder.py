@@ -246,7 +246,10 @@ class RunFolder:
             pass  # a full disk, say: those writes make their own files
         try:
             with self._write_lock:
-                if not self._released:  # else taken over (or removed) meanwhile: no write of this run's takes them
+                # Kept only while a run of the folder is open: its end removes them. Sealed meanwhile (a
+                # previous run's thread doing this late, after the last run's end had removed its files),
+                # taken over or removed: nothing would take them or remove them.
+                if not self._released and self.dir_fd >= 0:
                     self._prepared, made = self._prepared + made, []
             for name in made:
                 os.unlink(name, dir_fd=dir_fd)

@@ -6,7 +6,8 @@
 - `history`: the loss per batch and each epoch's logs (`loss_curve`).
 - `progress`: `RunProgress`, what the driver of the training reports.
 - `record`: the run's record, built from the parts.
-- `publisher`: writing the record, and the run's ticks (on the channel's thread).
+- `publisher`: writing the record, and the run's ticks.
+- `run_thread`: `RunThread`, the run's one thread: reads its channel, ticks its publisher.
 - `drivers`: `RunDrivers`, the trainings (fits, loops) of a run that spans several.
 """
 

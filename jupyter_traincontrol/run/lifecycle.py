@@ -4,7 +4,8 @@
 
 - its identity: the claimed registry folder (name, ``run_id``, liveness
   lock), and its checkpoint store (the same ``run_id`` in every sidecar);
-- `channel`: the command channel (a FIFO), whose thread ticks the `publisher`;
+- `channel`: the command channel (a FIFO), read by the run's thread
+  (`run_thread.RunThread`), which also ticks the `publisher`;
 - `states`: the `StateMachine`, moved only along the transition table;
 - `journal`: the log of events, acknowledgements and changes;
 - `history` (the loss per batch, each epoch's logs) and the progress the training's driver reports (`follow`);
@@ -43,6 +44,7 @@ from .journal import Journal, Listener, RunEvent
 from .progress import ProgressSource, RunProgress
 from .publisher import PUBLISH_INTERVAL_SECONDS, Publisher
 from .record import RecordFields, build_record
+from .run_thread import RunThread
 from .state_machine import StateMachine
 
 __all__ = ["RunLifecycle", "RunEvent", "earlier_run_words"]
@@ -92,6 +94,7 @@ class RunLifecycle:
         self.run_id: str | None = None
         self.store: CheckpointStore | None = None
         self.channel: CommandChannel | None = None
+        self._thread: RunThread | None = None
         self._folder: RunFolder | None = None
         self._lock = threading.RLock()
         self._publish_lock = threading.RLock()  # re-entrant: defensive, as `RunFolder.write_record`
@@ -163,8 +166,7 @@ class RunLifecycle:
                 self._folder.path, self._channel_kind,
                 on_rejected=self._on_rejected,
                 on_notice=lambda text: self.journal.log("warning", text),
-                name=self.name,
-                dir_fd=self._folder.dir_fd, start=False,
+                dir_fd=self._folder.dir_fd,
             )
         except BaseException:
             self._folder.release()
@@ -173,8 +175,9 @@ class RunLifecycle:
         self.publisher = Publisher(self.publish, on_published=lambda: self.journal.notify(None))
         self._published_version = None
         self.publish(force=True, keep_replaced=True)  # senders find the channel once `open` returns
-        self.publisher.start(wake=self.channel.wake)
-        self.channel.start(ticker=self.publisher)  # one thread per run; started after the write, which it would slow
+        self._thread = RunThread(self.channel, self.publisher, name=self.name)
+        self.publisher.start(wake=self.channel.wake)  # the run's thread waits in a read of its channel
+        self._thread.start()  # one thread per run; started after the write, which it would slow
         self.publisher.run_soon(self._folder.free_replaced)  # what this and earlier runs' ends replaced
         self.publisher.run_soon(self._folder.prepare_files)  # for the record writes of this run's end and the next's start
         return self
@@ -206,11 +209,11 @@ class RunLifecycle:
                 return
             self.error, self.ended = error, time.time()
             self.end_reason = end_reason or _default_end_reason(final_state)
-            channel, self.channel = self.channel, None
+            thread, self.channel, self._thread = self._thread, None, None
             self.unfollow()
         chores = self.publisher.stop(then=self._folder.last_chore())  # first: nothing wakes the thread later
-        if channel is not None:  # removed now; its thread ends by itself, doing `chores`, while the last
-            channel.end(last=chores)  # record is written (`publish` keeps the records in order)
+        if thread is not None:  # the channel is removed now; the thread ends by itself, doing `chores`, while
+            thread.end(last=chores)  # the last record is written (`publish` keeps the records in order)
         try:
             self.move_to(final_state)  # the last record
         finally:

@@ -1,10 +1,8 @@
 """The run's ticker: publishes progress about twice a second, and runs tick hooks.
 
-`Publisher` has no thread of its own: the run's channel reader thread
-(``traincontrol-reader-NAME``, `transport.receiver.CommandChannel`) drives
-it between two reads, as the channel's ticker (a second thread per run cost
-each short `fit` a start and a join, 0.3 ms, and 1-1.5 ms on torch, whose
-spinning workers delay a new thread's first run). About twice a second it
+`Publisher` has no thread of its own: the run's thread
+(``traincontrol-reader-NAME``, `run_thread.RunThread`) drives it between two
+reads of the run's channel. About twice a second it
 runs the run's tick hooks (a watchdog), asks the run to publish its record
 if it changed (`RunLifecycle.publish`, which writes at most twice a second),
 and tells the listeners (the panels) when it did. `publish_soon` has it
@@ -148,7 +146,7 @@ class Publisher:
         try:
             if self.running and self._publish(soon):
                 self._on_published()
-        except Exception:  # the thread reads commands too: it must outlive a failed write
+        except Exception:  # the run's thread reads commands too: it must outlive a failed write
             logger.exception("Publishing the run's record failed")
 
 

@@ -1,6 +1,7 @@
 """How a command line crosses processes: the receiving channel, and the one sender.
 
-- `receiver`: the queue a daemon reader thread fills (the base of both kinds).
+- `receiver`: the queue that `read` fills (the base of both kinds); the
+  channel only reads, on the thread its run gives it (`run.run_thread`).
 - `fifo`, `spool`: a FIFO, or a spool folder where there are no FIFOs.
 - `channels`: opening a run's channel; where to write to the run of a record.
 - `send`: `deliver`, the function every sender writes a command with.

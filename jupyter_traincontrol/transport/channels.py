@@ -20,22 +20,20 @@ _CLASSES = {"fifo": FifoChannel, "spool": SpoolChannel}
 CHANNEL_KINDS = {"fifo": FIFO_NAME, "spool": INBOX_NAME}
 
 
-def open_channel(folder: Path, kind: str | None = None, *, start: bool = True, **kwargs) -> CommandChannel:
-    """Creates the channel of a run, and starts its reader thread.
+def open_channel(folder: Path, kind: str | None = None, **kwargs) -> CommandChannel:
+    """Creates the channel of a run; what senders write waits in it until
+    a thread reads it (`CommandChannel.read`: the run's thread).
 
     Args:
         folder: The run's private folder.
         kind: ``"fifo"`` or ``"spool"``. Defaults to ``"fifo"`` where
             `os.mkfifo` exists, else ``"spool"``.
-        start: False: the caller starts the reader (`CommandChannel.start`);
-            until then what senders write waits in the channel.
         **kwargs: Passed to the channel class.
 
     Returns:
-        The channel (started, unless `start` is False).
+        The channel.
     """
     kind = kind or ("fifo" if hasattr(os, "mkfifo") else "spool")
     if kind not in _CLASSES:
         raise ValueError(f"Unknown channel kind {kind!r}. Expected one of: fifo, spool.")
-    channel = _CLASSES[kind](folder, **kwargs)
-    return channel.start() if start else channel
+    return _CLASSES[kind](folder, **kwargs)

@@ -124,7 +124,7 @@ class FifoChannel(CommandChannel):
         if what == "replaced":
             os.unlink(name, **at)  # unlink never follows a symlink
         self._create()
-        self._on_notice(f"The FIFO {self.path} was {what}; re-created it.")
+        self.on_notice(f"The FIFO {self.path} was {what}; re-created it.")
 
     def _wake_reader(self) -> None:
         with self._wake_lock:  # never a write into a descriptor closed meanwhile (its number reused)

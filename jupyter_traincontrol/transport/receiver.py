@@ -1,17 +1,19 @@
-"""The receiving end of a run's commands: a queue filled by a daemon reader thread.
+"""The receiving end of a run's commands: a queue that `read` fills.
 
 Each run has one channel in its private folder (a FIFO, `fifo`, or a spool
-folder, `spool`). A daemon reader thread decodes what arrives and puts whole
-requests on a queue, so the training thread only checks whether the queue
-is non-empty at each batch boundary: the channel is opened once, never per
-batch, and a command written while no batch runs (validation, a pause) is
-read at once and waits in the queue.
+folder, `spool`). The channel only reads: the run's thread
+(`run.run_thread.RunThread`) calls `read`, which waits for what arrives,
+decodes it and puts whole requests on a queue, so the training thread only
+checks whether the queue is non-empty at each batch boundary. The channel
+is opened once, never per batch, and a command written while no batch runs
+(validation, a pause) is read at once and waits in the queue.
 
 Example:
 
 >>> channel = open_channel(run_folder, on_rejected=print)  # doctest: +SKIP
+>>> RunThread(channel).start()                              # doctest: +SKIP
 >>> deliver(channel.address, "save")                        # doctest: +SKIP
->>> channel.pop().command                                   # doctest: +SKIP
+>>> channel.get(timeout=1).command                          # doctest: +SKIP
 <Command.SAVE: 'save'>
 """
 
@@ -19,50 +21,30 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 from ..protocol import Command, Rejected, Request, parse_request
 
-__all__ = ["CommandChannel", "RejectedListener", "NoticeListener", "Ticker"]
-
-#: How often the reader checks that the channel is still there on disk.
-_HEALTH_CHECK_SECONDS = 0.5
+__all__ = ["CommandChannel", "RejectedListener", "NoticeListener"]
 
 RejectedListener = Callable[[Rejected], None]
 NoticeListener = Callable[[str], None]
 
 
-class Ticker(Protocol):
-    """What the reader thread drives between reads (`CommandChannel.start`):
-    the run's publisher (`run.publisher.Publisher`)."""
-
-    def due_in(self) -> float:
-        """Seconds until `tick` has something to do (may be infinite)."""
-
-    def tick(self) -> None:
-        """Does what is due; must not raise."""
-
-
 class CommandChannel:
-    """Base of the channel kinds: a queue filled by a daemon reader thread.
+    """Base of the channel kinds: a queue that `read` fills.
 
-    The reader thread reads: it decodes what arrives, queues whole
-    commands, reports rejected lines, and repairs the channel on disk if
-    something removed or replaced it. Between two reads it drives the
-    run's `Ticker`, if `start` was given one: the run needs no second
-    thread.
+    One thread reads (`read`, `check_health`: the run's thread); any
+    thread takes what was read (`pending`, `pop`, `get`), wakes a read in
+    progress (`wake`) or stops the reads (`stop`).
 
     Args:
         folder: The run's private folder; the channel lives inside it.
-        on_rejected: Called from the reader thread with each line that is
+        on_rejected: Called from the reading thread with each line that is
             not a command. Must not raise.
-        on_notice: Called from the reader thread with a sentence about the
+        on_notice: Called from the reading thread with a sentence about the
             channel itself (for example a FIFO re-created after deletion).
-        name: Used to name the reader thread.
-        health_check_seconds: How often the reader checks that the channel
-            is still there on disk. Defaults to 0.5.
         dir_fd: An open descriptor of `folder`. The channel then creates,
             checks and re-creates itself through it, so a folder renamed or
             swapped under a live run cannot redirect it.
@@ -76,29 +58,19 @@ class CommandChannel:
         *,
         on_rejected: RejectedListener | None = None,
         on_notice: NoticeListener | None = None,
-        name: str = "run",
-        health_check_seconds: float = _HEALTH_CHECK_SECONDS,
         dir_fd: int | None = None,
     ):
         self.folder = Path(folder)
-        self._health_check_seconds = health_check_seconds
         self._dir_fd = dir_fd
         self._on_rejected = on_rejected or (lambda rejected: None)
-        self._on_notice = on_notice or (lambda text: None)
+        self.on_notice = on_notice or (lambda text: None)
         self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
         #: Called (from the thread that queued it) after each request is
         #: queued: the driver of the training is told a command waits.
         self.on_request: Callable[[], None] | None = None
-        self._closed = threading.Event()  # set by `stop`: the reader ends
-        self._close_lock = threading.RLock()  # held by the reader while it repairs the channel, so none follows `stop`
+        self._closed = threading.Event()  # set by `stop`: reads return at once, nothing is repaired
+        self._close_lock = threading.RLock()  # held while the channel is repaired, so no repair follows `stop`
         self._done: set[str] = set()  # `_remove` and `_close_descriptors`, once done (`_once`)
-        self._close_at_end = False  # set by `end`: the thread closes the descriptors as it ends
-        self._reader_done = False  # set by the thread as it ends
-        self._last: Callable[[], None] | None = None  # left by `stop` to the thread
-        self._ticker: Ticker | None = None
-        self._thread = threading.Thread(
-            target=self._run_reader, name=f"traincontrol-reader-{name}", daemon=True
-        )
 
     @property
     def address(self) -> str:
@@ -109,6 +81,11 @@ class CommandChannel:
     def pending(self) -> bool:
         """True when a command waits. Cheap enough for every batch."""
         return not self._queue.empty()
+
+    @property
+    def stopped(self) -> bool:
+        """True once `stop` was called: nothing more is read."""
+        return self._closed.is_set()
 
     def pop(self) -> Request | None:
         """Takes the oldest waiting request, or returns None."""
@@ -134,64 +111,48 @@ class CommandChannel:
         self._queue.put(parse_request(request))
         self._tell()
 
+    # The reading thread's ---------------------------------------------------------
+
+    def read(self, timeout: float) -> None:
+        """Waits up to `timeout` seconds for what writers send, and queues
+        each whole request (reports each rejected line). Returns early when
+        woken (`wake`) or stopped. One thread only."""
+        if not self._closed.is_set():
+            self._read_some(timeout)
+
+    def check_health(self) -> None:
+        """Repairs the channel on disk if something removed or replaced it;
+        never once stopped. The reading thread only."""
+        with self._close_lock:  # `stop` waits for a repair: no FIFO is re-made after `remove` removed it
+            if not self._closed.is_set():
+                self._check_health()
+
+    # Any thread's -------------------------------------------------------------------
+
     def wake(self) -> None:
-        """Has the reader thread ask its ticker again at once. Any thread; cheap."""
+        """Has a `read` in progress (or the next one) return at once. Any thread; cheap."""
         if not self._closed.is_set():
             self._wake_reader()
 
-    def start(self, ticker: Ticker | None = None) -> "CommandChannel":
-        """Starts the reader thread. Returns self.
-
-        Args:
-            ticker: Driven by the reader thread too: ``ticker.tick()`` is
-                called between reads, whenever ``ticker.due_in()`` says and
-                after each `wake`.
-        """
-        self._ticker = ticker
-        self._thread.start()
-        return self
-
-    def stop(self, last: Callable[[], None] | None = None) -> None:
-        """Tells the reader thread to end, without waiting for it: it reads
-        nothing more and ends by itself while the caller goes on; `close`
-        then joins it. Idempotent; any thread.
-
-        Args:
-            last: Work left to the thread, which calls it as it ends (or
-                `close`, if the thread never ran).
-        """
+    def stop(self) -> None:
+        """Nothing more is read or repaired: a `read` in progress returns.
+        Idempotent; any thread."""
         with self._close_lock:  # after a repair of the channel in progress: none comes after this
             if self._closed.is_set():
                 return
-            self._last = last
             self._closed.set()
         self._wake_reader()
 
-    def end(self, last: Callable[[], None] | None = None) -> None:
-        """`stop`, and removes the channel from disk now; the thread closes
-        its descriptors as it ends, after `last`, and nobody waits for it
-        (a run's end: its last record is written meanwhile). Its own name is
-        then free for the next run at once. Idempotent; any thread.
-
-        Args:
-            last: As for `stop`.
-        """
-        with self._close_lock:
-            self._close_at_end = True
-            done = self._reader_done or self._thread.ident is None
-        self.stop(last)
+    def remove(self) -> None:
+        """`stop`, and removes the channel from disk: writers find nobody
+        listening from now on. Idempotent; any thread."""
+        self.stop()
         self._once(self._remove)
-        if done:  # the thread never started, or has ended: nothing else will
-            self.close()
 
     def close(self) -> None:
-        """Stops the reader, joins its thread and removes the channel from
-        disk. Idempotent; when it returns, the thread has ended."""
-        self.stop()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-        self._do_last()
-        self._once(self._remove)
+        """`remove`, and closes the channel's descriptors: once nothing reads
+        it any more (the reading thread has ended). Idempotent."""
+        self.remove()
         self._once(self._close_descriptors)
 
     def _once(self, action: Callable[[], None]) -> None:
@@ -201,16 +162,6 @@ class CommandChannel:
                 return
             self._done.add(action.__name__)
         action()
-
-    def _do_last(self) -> None:
-        """Calls what `stop` left to the thread, once."""
-        with self._close_lock:
-            last, self._last = self._last, None
-        if last is not None:
-            try:
-                last()
-            except Exception as error:
-                self._on_notice(f"Command channel problem: {error}")
 
     def _deliver(self, results: list[Request | Rejected]) -> None:
         for result in results:
@@ -224,36 +175,6 @@ class CommandChannel:
         told = self.on_request
         if told is not None:
             told()
-
-    def _run_reader(self) -> None:
-        interval = self._health_check_seconds
-        next_check = time.monotonic() + interval
-        last_problem = None
-        ticker = self._ticker
-        while not self._closed.is_set():
-            try:
-                timeout = max(0.0, next_check - time.monotonic())
-                self._read_some(timeout if ticker is None else min(timeout, ticker.due_in()))
-                if ticker is not None and not self._closed.is_set():
-                    ticker.tick()
-                if time.monotonic() >= next_check and not self._closed.is_set():
-                    next_check = time.monotonic() + interval
-                    with self._close_lock:  # `stop` waits for a repair: no FIFO is re-made after `end` removed it
-                        if not self._closed.is_set():
-                            self._check_health()
-                last_problem = None
-            except Exception as error:  # the reader must outlive any hiccup
-                problem = f"Command channel problem: {error}"
-                if problem != last_problem:
-                    self._on_notice(problem)
-                last_problem = problem
-                self._closed.wait(interval)
-        self._do_last()
-        with self._close_lock:
-            self._reader_done = True
-            close_now = self._close_at_end
-        if close_now:
-            self._once(self._close_descriptors)
 
     # Subclass interface.
     def _read_some(self, timeout: float) -> None:
@@ -270,4 +191,4 @@ class CommandChannel:
         """Removes the channel from disk; runs once, after `stop`."""
 
     def _close_descriptors(self) -> None:
-        """Closes the channel's descriptors; runs once, after the reader."""
+        """Closes the channel's descriptors; runs once, after the reads."""

@@ -68,7 +68,7 @@ class SpoolChannel(CommandChannel):
     def _check_health(self) -> None:
         if not self.path.is_dir():
             os.makedirs(self.path, mode=0o700, exist_ok=True)
-            self._on_notice(f"The inbox {self.path} was deleted; re-created it.")
+            self.on_notice(f"The inbox {self.path} was deleted; re-created it.")
 
     def _remove(self) -> None:
         for leftover in self.path.glob("*"):
