@@ -106,6 +106,7 @@ class FitAdapter:
         self.callback_stopped = False  # a callback of the user's ended fit early (its stop_training)
         self.stopped_by: str | None = None  # which one (its class), if known
         self._watchdog: FitWatchdog | None = None
+        self._epoch_end_seen_by: list[Any] = []  # the callbacks that see an epoch a command ended early
         self._fit_frame = None  # the `fit` call's frame, until the fit closes (a SIGTERM is handed on after it)
 
     @property
@@ -145,6 +146,9 @@ class FitAdapter:
                                      self._non_finite, gate=session.gate)
         session.run.channel.on_request = saves.wake = self.dispatch.hold  # the next boundary is on this thread
         stack.callback(self._unwire, saves)
+        # Who still sees the rest of an epoch a command ended early: this callback, and Keras's record of the fit.
+        self._epoch_end_seen_by = [callback for callback in self.dispatch.callbacks
+                                   if callback is self.callback or is_bookkeeping(callback)]
         self.data_order = DataOrder.find()  # counts what orders the data (exact resume)
         if self.data_order is not None:
             self.data_order.attach()
@@ -191,7 +195,7 @@ class FitAdapter:
         self.model.stop_training = True
         progress = self.session.progress
         if progress.mid_epoch and not progress.epoch_is_over:
-            self.dispatch.skip_epoch_end(lambda callback: callback is self.callback or is_bookkeeping(callback))
+            self.dispatch.skip_epoch_end(self._epoch_end_seen_by)
 
     def _epoch_end_pending(self) -> int | None:
         """The epoch whose batches are all trained and whose end has not run (a

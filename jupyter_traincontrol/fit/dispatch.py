@@ -64,15 +64,15 @@ class BatchDispatch:
             return list(self._hidden)
         return list(getattr(self._callbacks, "callbacks", None) or [])
 
-    def skip_epoch_end(self, keep: Callable[[Any], bool]) -> None:
-        """Training thread: until `show_all`, only the callbacks `keep`
-        accepts are called (the rest of an epoch a stop ended early: its
-        validation and its ``on_epoch_end``). Keras iterates over the list
-        it holds, so a list swapped while one hook runs is seen from the
-        next hook on."""
+    def skip_epoch_end(self, keep: list[Any]) -> None:
+        """Training thread: until `show_all`, only the callbacks in `keep`
+        are called (the rest of an epoch a stop ended early: its validation
+        and its ``on_epoch_end``). Keras iterates over the list it holds, so
+        a list swapped while one hook runs is seen from the next hook on."""
         if self._callbacks is not None and self._hidden is None:
             self._hidden = self._callbacks.callbacks
-            self._callbacks.callbacks = [callback for callback in self._hidden if keep(callback)]
+            self._callbacks.callbacks = [callback for callback in self._hidden
+                                         if any(callback is kept for kept in keep)]
 
     def show_all(self) -> None:
         """Every callback is called again (see `skip_epoch_end`). Idempotent."""
