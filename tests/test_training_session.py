@@ -55,7 +55,7 @@ class StepDriver:
         self.ended = False
         self.closed_in: RunState | None = None
         self.trained, self.tunables = build_state(save=self._save, load=self._load, step=lambda: self.steps)
-        self.session = TrainingSession(run, self, settings(resume), owns_run=True, verbose=False)
+        self.session = TrainingSession(run, self, settings(resume), verbose=False)  # no scope: its run is its own
 
     def _save(self, folder) -> None:
         (folder / "value.json").write_text(json.dumps({"value": self.value, "steps": self.steps}))

@@ -31,6 +31,7 @@ from ..checkpoint import Checkpoint, CheckpointStore, SkippedCheckpoint, Trainin
 from ..protocol import Command, RunState
 from ..protocol import end_reason as end_reason_of_state
 from ..run.journal import say
+from ..run.scope import RunScope
 from ..state import random_state
 from .actions import CommandActions
 from .nan_policy import NanPolicy
@@ -149,7 +150,9 @@ class TrainingSession:
             does not own it (a notebook cell's, a with block's).
         driver: The driver's adapter (`Driver`).
         settings: The driver's settings (`SessionSettings`).
-        owns_run: True if the session opens the run and closes it.
+        scope: The scope of a run that spans several trainings, whose
+            owner opened it (`run.RunScope`); None: the session opens the
+            run and closes it (a scope of one).
         job: This process's part in a job (a `job.Job`), or None.
         verbose: Say what happens (start, resume, checkpoints, end).
         last_batch_ends_epoch: The epoch's last step ends it (a `fit`); a
@@ -173,12 +176,12 @@ class TrainingSession:
         end_reason: How it ended (`protocol.END_REASONS`), once it has.
     """
 
-    def __init__(self, run, driver: Driver, settings: SessionSettings, *, owns_run: bool, job=None,
+    def __init__(self, run, driver: Driver, settings: SessionSettings, *, scope: RunScope | None = None, job=None,
                  verbose: bool = True, last_batch_ends_epoch: bool = True):
         self.run = run
         self.driver = driver
         self.settings = settings
-        self.owns_run = owns_run
+        self.scope = scope
         self.job = job
         self.verbose = verbose
         self.progress = TrainingProgress(last_batch_ends_epoch=last_batch_ends_epoch)
@@ -256,7 +259,7 @@ class TrainingSession:
         run = self.run
         if run.state == RunState.STARTING:
             run.move_to(RunState.RUNNING)
-        if self.owns_run:
+        if self.scope is None:
             self.say(run.listening_words(resuming=self._resume_from is not None))
         if run.state == RunState.STOPPING:  # the run was stopped before this training
             self.driver.end_training()
@@ -268,10 +271,10 @@ class TrainingSession:
     # The run and the job ---------------------------------------------------------------------
 
     def _open_run(self) -> None:
-        """Opens the run if the session owns it (a job first agrees on its
-        name), else checks it is open; the run follows the counters."""
+        """Opens the run outside a scope (a job first agrees on its name);
+        in one, checks it is open. The run follows the counters."""
         run, stack, job = self.run, self._stack, self.job
-        if self.owns_run:
+        if self.scope is None:
             if job is not None:
                 job.begin(run)
                 stack.callback(job.run_ended)  # last: once the run's final record is written

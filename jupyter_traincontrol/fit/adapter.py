@@ -29,7 +29,7 @@ from ..boundary.steering import Steering
 from ..boundary.tunables import Tunables
 from ..checkpoint import TrainingPosition
 from ..protocol import RunState, final_state
-from ..run import RunLifecycle
+from ..run import RunLifecycle, RunScope
 from ..state import Keras2State, KerasState, is_keras2_model, random_state
 from ..system.frames import call_after_return
 from . import keras2
@@ -52,7 +52,7 @@ class FitSettings(Protocol):
     """What a fit reads of its callback (`ControlCallback`'s settings)."""
 
     lifecycle: RunLifecycle
-    owns_lifecycle: bool
+    scope: RunScope | None
     job: "Job | None"
     resume: bool
     resume_from: "str | os.PathLike | None"
@@ -93,8 +93,8 @@ class FitAdapter:
         self.trained = Keras2State(model) if self.keras2 else KerasState(model)
         self.exact_resume = not self.keras2
         self.handles_sigint = callback.handle_sigint
-        self.handles_sigterm = callback.handle_sigterm and callback.owns_lifecycle  # a cell's run: the kernel's
-        self.session = session = TrainingSession(callback.lifecycle, self, callback, owns_run=callback.owns_lifecycle,
+        self.handles_sigterm = callback.handle_sigterm and callback.scope is None  # a cell's run: the kernel's
+        self.session = session = TrainingSession(callback.lifecycle, self, callback, scope=callback.scope,
                                                  job=callback.job, verbose=callback.verbose)
         session.progress.plan(params.get("epochs"), params.get("steps"))
         self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack

@@ -37,7 +37,7 @@ from ..boundary.session import TrainingSession
 from ..boundary.tunables import check_user_tunables
 from ..job import Job, current_jax_job
 from ..protocol import Command, Request, RunState
-from ..run import RunLifecycle
+from ..run import RunLifecycle, RunScope
 from ..system.sigterm import DEFAULT_SIGTERM_GRACE, check_sigterm_grace
 from . import watchdog
 from .adapter import FitAdapter
@@ -191,10 +191,13 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
         self.handle_sigint = handle_sigint
         self.verbose = verbose
         self.save_in_background = bool(save_in_background)
-        self.owns_lifecycle = lifecycle is None
         self.lifecycle = lifecycle or RunLifecycle(
             name, checkpoint_dir, keep, channel_kind=channel_kind, registry=self.job.registry() if self.job else None
         )
+        #: The scope of the run this callback's fits drive when it spans several trainings (a with block's, a
+        #: notebook cell's, or the run given as `lifecycle`, which its giver opens and closes); None: each fit
+        #: is a run of its own, opened and closed by the fit.
+        self.scope: RunScope | None = RunScope(lifecycle, resume=self.resume) if lifecycle is not None else None
         self._fit: FitAdapter | None = None  # the fit in progress, or the last one
         self._span: FitSpan | None = None  # the run of the with block this callback is in
 
@@ -276,7 +279,7 @@ class ControlCallback(Keras2Hooks, keras.callbacks.Callback):
             previous.close(RunState.FAILED, "A new fit began before the previous one ended.")
         if self._span is not None:
             self._span.fit_begins()
-        if self.owns_lifecycle:
+        if self.scope is None:
             watchdog.check_all()  # a run of this process whose fit raised ends now, before a new one claims a name
         fit = self._fit = FitAdapter(self, self.model, self.params)
         fit.session.open()

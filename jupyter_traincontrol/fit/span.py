@@ -34,7 +34,7 @@ from typing import Any
 
 from ..boundary.safeguards import Safeguards
 from ..protocol import RunState, final_state
-from ..run import RunDrivers
+from ..run import RunScope
 from ..run.journal import say
 from . import watchdog
 
@@ -67,7 +67,7 @@ class FitSpan:
 
     def __init__(self, callback: Any):
         self._callback = callback
-        self._drivers = RunDrivers(resume=callback.resume)
+        self._scope = RunScope(callback.lifecycle, resume=callback.resume)  # its fits drive the open run
         #: The callback's own: resume and resume_from apply to the first fit only, and save_at_end to the block's
         #: end (one checkpoint of a finished block, not one a fit); all the callback's again after the block.
         self._settings = callback.resume, callback.resume_from, callback.save_at_end
@@ -86,7 +86,7 @@ class FitSpan:
             NameTakenError, CheckpointDirError, CheckpointDirBusyError: As
                 a `fit` would (the run is not left open).
         """
-        if not callback.owns_lifecycle:
+        if callback.scope is not None:
             raise RuntimeError("This ControlCallback drives a run it was given (lifecycle=...), which its owner opens "
                                "and closes; a with block opens the callback's own run.")
         if callback.job is not None:
@@ -103,7 +103,7 @@ class FitSpan:
         except BaseException as error:
             run.close(RunState.FAILED, f"Could not start: {error}")
             raise
-        callback.owns_lifecycle = False  # its fits drive the open run
+        callback.scope = span._scope
         callback.save_at_end = False  # the block writes its end's checkpoint itself (`close`)
         if callback.handle_sigterm:  # SIGTERM stops the block's run (main thread only; not in a kernel)
             span._safeguards = Safeguards(run, None, callback.note_interrupt, "batch", sigint=False, sigterm=True,
@@ -120,20 +120,20 @@ class FitSpan:
         Raises:
             TrainingEnded: A stop or abort ended the block's training.
         """
-        callback, drivers = self._callback, self._drivers
-        if drivers.driving:  # the previous fit raised
-            drivers.driver_ended(callback)
-        if drivers.ended_by is not None:
+        callback, scope = self._callback, self._scope
+        if scope.driving:  # the previous fit raised
+            scope.driver_ended(callback)
+        if scope.ended_by is not None:
             run = callback.lifecycle
-            raise TrainingEnded(run.name, run.run_id, drivers.ended_by)
-        first = drivers.count == 0
-        callback.resume = drivers.take_resume()
+            raise TrainingEnded(run.name, run.run_id, scope.ended_by)
+        first = scope.count == 0
+        callback.resume = scope.take_resume()
         callback.resume_from = self._settings[1] if first else None
-        drivers.driver_began(callback)
+        scope.driver_began(callback)
 
     def fit_ended(self) -> None:
         """``on_train_end``, once the fit's session has closed."""
-        self._drivers.driver_ended(self._callback)
+        self._scope.driver_ended(self._callback)
 
     def close(self, kind, error, tb) -> bool:
         """Ends the block's run (its ``__exit__``).
@@ -142,27 +142,27 @@ class FitSpan:
             True when the block ended on this run's `TrainingEnded` (the
             with statement swallows it).
         """
-        callback, drivers = self._callback, self._drivers
+        callback, scope = self._callback, self._scope
         run = callback.lifecycle
-        callback.owns_lifecycle = True
+        callback.scope = None
         callback.resume, callback.resume_from, callback.save_at_end = self._settings
         fit = callback.adapter
         if fit is not None and not fit.session.closed:  # a fit that raised: its watchdog has not ended it yet
             fit.fit_lost()
-        if drivers.driving:
-            drivers.driver_ended(callback)
+        if scope.driving:
+            scope.driver_ended(callback)
         swallowed = isinstance(error, TrainingEnded) and error.run_id == run.run_id
         if kind is None or swallowed:
-            state, text = final_state(drivers.ended_by), None
-            reason = drivers.end_reason(state)
-            if drivers.count == 0:
+            state, text = final_state(scope.ended_by), None
+            reason = scope.end_reason(state)
+            if scope.count == 0:
                 run.journal.log("warning", "The with block ran no fit with this callback, so nothing in it was "
                                            "under control: pass it to fit, as callbacks=[control].")
         else:
             state, text = RunState.FAILED, "".join(traceback.format_exception(kind, error, tb))
             reason = "interrupt" if issubclass(kind, KeyboardInterrupt) else None
         try:
-            if state is RunState.FINISHED and callback.save_at_end and drivers.count:
+            if state is RunState.FINISHED and callback.save_at_end and scope.count:
                 fit.session.save_after_close()  # the last fit's session: the block's last position
         finally:
             try:

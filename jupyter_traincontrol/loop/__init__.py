@@ -9,5 +9,4 @@
   ``reload=``, or ``set`` and ``rollback`` refused.
 - `data_sources`: what orders the items `batches` is given (a `tf.data`
   dataset's iterators, a ``DataLoader``'s generators), kept for a resume.
-- `host`: a notebook cell hosting the loops of its thread.
 """

@@ -38,8 +38,9 @@ class LoopAdapter:
     """A `TrainLoop`'s side of its training session (`boundary.session.Driver`).
 
     Args:
-        run: The run (a `run.RunLifecycle`): open if hosted, else opened here.
-        owns_run: True if the loop opened the run (and closes it).
+        run: The run (a `run.RunLifecycle`): open if in a scope, else opened here.
+        scope: The scope of the notebook cell whose run the loop drives
+            (`run.RunScope`), or None: the loop's run is its own.
         trained: What a checkpoint holds (`state.KerasState`, `TorchState`,
             `CallableState`, or a state that refuses checkpoints).
         tunables: What ``set`` may change.
@@ -62,15 +63,15 @@ class LoopAdapter:
     reads_tunables_anywhere = False
     attachments = None
 
-    def __init__(self, run, owns_run: bool, trained, tunables, settings, job=None, where=None):
+    def __init__(self, run, scope, trained, tunables, settings, job=None, where=None):
         self.trained = trained
         self.tunables = tunables
         self.model = getattr(settings, "model", None)
-        main = owns_run and on_main_thread()  # a notebook cell's run is the kernel's (its shutdown path)
+        main = scope is None and on_main_thread()  # a notebook cell's run is the kernel's (its shutdown path)
         self.handles_sigint = settings.handle_sigint and main
         self.handles_sigterm = settings.handle_sigterm and main
         # In a job, process 0 speaks for every process; the body may go on after the last item.
-        self.session = TrainingSession(run, self, settings, owns_run=owns_run, job=job,
+        self.session = TrainingSession(run, self, settings, scope=scope, job=job,
                                        verbose=settings.verbose and (job is None or job.leader),
                                        last_batch_ends_epoch=False)
         self._where = where

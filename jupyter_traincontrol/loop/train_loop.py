@@ -37,10 +37,9 @@ from ..boundary.nan_policy import DEFAULT_MAX_ROLLBACKS, check_policy
 from ..job import Job, current_job
 from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS, check_autosave
 from ..protocol import Command, RunState, final_state
-from ..run import RunLifecycle
+from ..run import RunLifecycle, current_scope
 from ..system.frames import find_caller
 from ..system.sigterm import DEFAULT_SIGTERM_GRACE, check_sigterm_grace
-from .host import current_host
 from .adapter import LoopAdapter
 from .states import build_state
 
@@ -143,7 +142,7 @@ class TrainLoop:
         RunLifecycle(name, checkpoint_dir, keep)  # checks name and keep now
         self._job_option = job
         self._loop: LoopAdapter | None = None
-        self._host = None
+        self._scope = None
         self._epochs_done = False
 
     # The run -------------------------------------------------------------------
@@ -151,29 +150,28 @@ class TrainLoop:
     def __enter__(self) -> "TrainLoop":
         if self._loop is not None:
             raise RuntimeError("This TrainLoop was entered already; make a new one for another loop.")
-        host = self._host = current_host()
+        scope = self._scope = current_scope()
         job = None
-        if host is not None:  # the notebook cell's run: its settings apply
-            run, owns = host.lifecycle, False
-            self.resume = host.take_resume()
-            self.on_nan, self.save_in_background = host.on_nan, host.save_in_background
-            self.save_at_end, self.handle_sigint, self.verbose = host.save_at_end, False, False
-            self.handle_sigterm, self.autosave = False, host.autosave
-            if host.resume_from is not None:
-                run.journal.log("warning", f"--resume-from {host.resume_from} is for a fit: a TrainLoop resumes "
+        if scope is not None:  # the notebook cell's run: its settings apply
+            run = scope.lifecycle
+            self.resume = scope.take_resume()
+            self.on_nan, self.save_in_background = scope.on_nan, scope.save_in_background
+            self.save_at_end, self.handle_sigint, self.verbose = scope.save_at_end, False, False
+            self.handle_sigterm, self.autosave = False, scope.autosave
+            if scope.resume_from is not None:
+                run.journal.log("warning", f"--resume-from {scope.resume_from} is for a fit: a TrainLoop resumes "
                                            "its own run's checkpoints (--resume).")
         else:
             option = self._job_option
             job = current_job() if option is None or option is True else (option or None)
             run = RunLifecycle(*self._requested, origin=None, registry=job.registry() if job is not None else None)
-            owns = True
         loop = None
         trained, tunables = build_state(**self._parts, step=lambda: loop.step())
         where = LoopThread(threading.get_ident(), find_caller(lambda frame: True)) if job is not None else None
-        loop = self._loop = LoopAdapter(run, owns, trained, tunables, self, job=job, where=where)
+        loop = self._loop = LoopAdapter(run, scope, trained, tunables, self, job=job, where=where)
         loop.open()
-        if host is not None:
-            host.driver_began(self)
+        if scope is not None:
+            scope.driver_began(self)
         return self
 
     def __exit__(self, kind, error, tb) -> bool:
@@ -190,8 +188,8 @@ class TrainLoop:
                 loop.close(RunState.FAILED, f"{type(interrupted).__name__} in the checkpoint at the loop's end.")
                 raise
             loop.close(final_state(ended_by))
-        if self._host is not None:
-            self._host.driver_ended(self)
+        if self._scope is not None:
+            self._scope.driver_ended(self)
         return False
 
     def _require(self) -> LoopAdapter:

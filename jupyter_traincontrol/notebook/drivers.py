@@ -1,11 +1,12 @@
 """What drives a notebook cell's run: its ``fit`` calls and its `TrainLoop`s, one at a time.
 
-One run spans a ``%%interruptible_fit`` cell. Whatever trains in it drives
-that run: a ``fit`` (the control callback added to it) or a `TrainLoop`
-created on the cell's thread (the cell hosts it: `loop.host.LoopHost`).
-`CellDrivers` keeps track of them (`run.drivers.RunDrivers`: whether one
-drives now, how the last one ended, which one resumes) and of what is the
-cell's own: where a kernel interrupt goes, and commands nothing can act on.
+One run spans a ``%%interruptible_fit`` cell: the cell's scope
+(`run.scope.RunScope`, the cell's thread put in it). Whatever trains in
+it drives that run: a ``fit`` (the control callback added to it) or a
+`TrainLoop` created on the cell's thread. `CellDrivers` is that scope
+(whether one drives now, how the last one ended, which one resumes, the
+magic's settings a loop takes) with what is the cell's own: where a kernel
+interrupt goes, and commands nothing can act on.
 
 When nothing has driven the run (a cell that trains with its own loop, not
 in a ``fit`` or a `TrainLoop`), nothing can act on a command: a command that
@@ -22,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from ..run.drivers import RunDrivers
+from ..run.scope import RunScope
 
 __all__ = ["CellDrivers", "NOTHING_TO_CONTROL"]
 
@@ -33,7 +34,7 @@ NOTHING_TO_CONTROL = ("this cell has no fit or TrainLoop running, so nothing can
 _IDLE_ANSWER_SECONDS = 1.0
 
 
-class CellDrivers(RunDrivers):
+class CellDrivers(RunScope):
     """The drivers of one cell's run.
 
     Args:
@@ -48,13 +49,8 @@ class CellDrivers(RunDrivers):
 
     def __init__(self, lifecycle, *, resume: bool, on_nan: str, save_in_background: bool, save_at_end: bool = True,
                  resume_from: str | None = None, autosave: float | None = None):
-        super().__init__(resume=resume)
-        self.lifecycle = lifecycle
-        self.on_nan = on_nan
-        self.save_in_background = save_in_background
-        self.save_at_end = save_at_end
-        self.resume_from = resume_from
-        self.autosave = autosave
+        super().__init__(lifecycle, resume=resume, on_nan=on_nan, save_in_background=save_in_background,
+                         save_at_end=save_at_end, resume_from=resume_from, autosave=autosave)
         self.interrupted_cell = False  # a kernel interrupt raised KeyboardInterrupt in the cell's code
         self._idle_since: float | None = None
         self.cell_thread: threading.Thread | None = None

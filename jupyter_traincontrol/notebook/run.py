@@ -31,9 +31,8 @@ from typing import Any, Callable, Protocol
 
 from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS
 from ..fit import watchdog
-from ..loop.host import hosting
 from ..protocol import ACTIVE_STATES, FINAL_STATES, Command, Request, RunState, final_state, parse_command
-from ..run import RunLifecycle
+from ..run import RunLifecycle, scoped
 from ..transport.send import with_id
 from .drivers import CellDrivers
 from .fit_hook import FitInterceptor, intercept_fit
@@ -143,11 +142,12 @@ class TrainingRun(FitInterceptor):
             save_in_background=save_in_background, save_at_end=save_at_end, resume_from=resume_from,
             autosave=autosave,
         )
+        #: The cell's scope: every fit and TrainLoop of the cell drives its run.
+        self.drivers = CellDrivers(self.lifecycle, resume=resume, on_nan=on_nan, save_in_background=save_in_background,
+                                   save_at_end=save_at_end, resume_from=resume_from, autosave=autosave)
         self._callback = None
         if tunables is not None or "keras" in sys.modules:  # made now: its arguments are checked before the run starts
             self._callback = self.callback
-        self.drivers = CellDrivers(self.lifecycle, resume=resume, on_nan=on_nan, save_in_background=save_in_background,
-                                   save_at_end=save_at_end, resume_from=resume_from, autosave=autosave)
         self.output = OutputBuffer()
         self.history = None
         self.fit_calls = 0
@@ -168,6 +168,7 @@ class TrainingRun(FitInterceptor):
             from ..fit.callback import ControlCallback  # Keras: not for a cell that trains none
 
             self._callback = ControlCallback(**self._callback_options)
+            self._callback.scope = self.drivers  # its fits drive the cell's run
         return self._callback
 
     @property
@@ -290,7 +291,7 @@ class TrainingRun(FitInterceptor):
     def _main(self) -> None:
         final, error, reason = RunState.FINISHED, None, None
         try:
-            with route_thread_output(self.output.write), intercept_fit(self), hosting(self.drivers):
+            with route_thread_output(self.output.write), intercept_fit(self), scoped(self.drivers):
                 exec(self._compiled, self._namespace)
         except BaseException as exception:  # the cell failed: record it, keep the kernel healthy
             final = RunState.FAILED

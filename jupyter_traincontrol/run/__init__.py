@@ -8,12 +8,14 @@
 - `record`: the run's record, built from the parts.
 - `publisher`: writing the record, and the run's ticks.
 - `run_thread`: `RunThread`, the run's one thread: reads its channel, ticks its publisher.
-- `drivers`: `RunDrivers`, the trainings (fits, loops) of a run that spans several.
+- `scope`: `RunScope`, a run that spans several trainings (fits, loops), and
+  which scope a thread's trainings drive (`current_scope`, `scoped`).
 """
 
-from .drivers import RunDrivers
 from .journal import Journal, RunEvent
 from .lifecycle import RunLifecycle
 from .progress import ProgressSource, RunProgress
+from .scope import RunScope, current_scope, scoped
 
-__all__ = ["Journal", "ProgressSource", "RunDrivers", "RunEvent", "RunLifecycle", "RunProgress"]
+__all__ = ["Journal", "ProgressSource", "RunEvent", "RunLifecycle", "RunProgress", "RunScope", "current_scope",
+           "scoped"]

@@ -1,10 +1,16 @@
-"""What drives a run that spans several trainings: each ``fit`` or `TrainLoop`, one at a time.
+"""A run that spans several trainings (a notebook cell's, a with block's): its scope.
 
-A run may outlive one training: a ``%%interruptible_fit`` cell's, or a
-``with ControlCallback(...)`` block's, spans every ``fit`` (and, in a cell,
-every `TrainLoop`) in it. `RunDrivers` keeps track of them: whether one
-drives now, how the last one ended (a ``stop`` or ``abort`` ends the run's
-training: no later one trains), and which one resumes (the first).
+A run may outlive one training: a ``%%interruptible_fit`` cell's spans
+every ``fit`` and every `TrainLoop` in it, a ``with ControlCallback(...)``
+block's every ``fit`` given the callback. `RunScope` is that run for the
+trainings in it: which one drives now (one at a time), how the last one
+ended (a ``stop`` or ``abort`` ends the run's training: no later one
+trains), which one resumes (the first), and the settings a training in it
+takes (``on_nan``, ``save_in_background``, ...). Outside any scope a
+training opens and closes a run of its own: a scope of one.
+
+A training asks for its thread's scope (`current_scope`): the notebook
+layer puts the cell's thread in the cell's (`scoped`).
 
 A driver is anything with ``ended_by`` (the command that ended it, or None),
 ``end_reason(state)`` and ``note_interrupt()``: a `ControlCallback`, a `TrainLoop`.
@@ -14,21 +20,40 @@ ends the run's training there (`end_between`).
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+from typing import Any, Iterator
 
 from ..protocol import Command, end_reason
 
-__all__ = ["RunDrivers"]
+__all__ = ["RunScope", "current_scope", "scoped"]
+
+_lock = threading.Lock()
+_scopes: dict[int, "RunScope"] = {}
 
 
-class RunDrivers:
-    """The drivers of one run, one at a time.
+class RunScope:
+    """A run open for several trainings, one at a time.
 
     Args:
-        resume: The first driver resumes from the latest checkpoint.
+        lifecycle: The run (a `RunLifecycle`), open while trainings drive it.
+        resume: The first training resumes from the latest checkpoint.
+        on_nan: What a loss that is not finite does, for its loops.
+        save_in_background: False: its loops write checkpoints on their thread.
+        save_at_end: False: its loops write no checkpoint at their end.
+        resume_from: Another run's checkpoints (for a fit: a loop says it
+            does not take it), or None.
+        autosave: Seconds between its loops' autosaves (None: off).
     """
 
-    def __init__(self, *, resume: bool):
+    def __init__(self, lifecycle=None, *, resume: bool, on_nan: str = "stop", save_in_background: bool = True,
+                 save_at_end: bool = True, resume_from: str | None = None, autosave: float | None = None):
+        self.lifecycle = lifecycle
+        self.on_nan = on_nan
+        self.save_in_background = save_in_background
+        self.save_at_end = save_at_end
+        self.resume_from = resume_from
+        self.autosave = autosave
         self.count = 0  # drivers that began
         self.ended_by: Command | None = None  # a stop or abort that ended one: the run trains no more
         self._resume = resume
@@ -88,7 +113,7 @@ class RunDrivers:
 
 
 class _EndedBetween:
-    """What `RunDrivers.end_between` keeps in place of the last driver: how the run ended."""
+    """What `RunScope.end_between` keeps in place of the last driver: how the run ended."""
 
     def __init__(self, request_id: str | None):
         self._request_id = request_id
@@ -96,3 +121,21 @@ class _EndedBetween:
     def end_reason(self, state) -> str | None:
         return end_reason(str(state), self._request_id)
 
+
+
+def current_scope() -> RunScope | None:
+    """The scope of the calling thread's trainings, or None (each is a run of its own)."""
+    return _scopes.get(threading.get_ident())
+
+
+@contextlib.contextmanager
+def scoped(scope: RunScope) -> Iterator[None]:
+    """While inside, trainings started on the calling thread drive `scope`'s run."""
+    ident = threading.get_ident()
+    with _lock:
+        _scopes[ident] = scope
+    try:
+        yield
+    finally:
+        with _lock:
+            _scopes.pop(ident, None)
