@@ -46,7 +46,7 @@ class RunScope:
         autosave: Seconds between its loops' autosaves (None: off).
     """
 
-    def __init__(self, lifecycle=None, *, resume: bool, on_nan: str = "stop", save_in_background: bool = True,
+    def __init__(self, lifecycle, *, resume: bool, on_nan: str = "stop", save_in_background: bool = True,
                  save_at_end: bool = True, resume_from: str | None = None, autosave: float | None = None):
         self.lifecycle = lifecycle
         self.on_nan = on_nan
