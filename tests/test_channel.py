@@ -290,17 +290,17 @@ def test_the_runs_thread_drives_a_ticker_when_due_and_when_woken(folder, kind):
     try:
         time.sleep(0.3)
         assert ticker.ticks == 0, "the thread ticked with nothing due"
-        thread.wake()
+        ch.wake()
         wait_until(lambda: ticker.ticks >= 1, message="a tick after wake()")
         woken = ticker.ticks
         time.sleep(0.3)
         assert ticker.ticks == woken, f"one wake-up ticked {ticker.ticks - woken} more times (a wake-up left behind)"
         ticker.due = 0.02
-        thread.wake()
+        ch.wake()
         wait_until(lambda: ticker.ticks >= woken + 5, message="ticks every 20 ms once due")
         deliver(ch.address, "save")  # commands still arrive while it ticks
         assert drain(ch, 1) == [Command.SAVE]
     finally:
         thread.close()
-    thread.wake()  # closed: nothing to wake, no error
+    ch.wake()  # closed: nothing to wake, no error
     assert not [t for t in threading.enumerate() if t.name == "traincontrol-reader-ticking"]

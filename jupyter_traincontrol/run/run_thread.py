@@ -46,7 +46,8 @@ class RunThread:
     Args:
         channel: The run's command channel.
         ticker: Driven between reads (``ticker.tick()`` whenever
-            ``ticker.due_in()`` says, and after each `wake`), or None.
+            ``ticker.due_in()`` says, and after each wake of the channel's
+            read: ``channel.wake()``), or None.
         name: The run's name, for the thread's.
         health_check_seconds: How often the channel is checked on disk.
     """
@@ -67,10 +68,6 @@ class RunThread:
         """Starts the thread. Returns self."""
         self._thread.start()
         return self
-
-    def wake(self) -> None:
-        """Has the thread ask its ticker again at once. Any thread; cheap."""
-        self.channel.wake()
 
     def stop(self, last: Callable[[], None] | None = None) -> None:
         """Tells the thread to end, without waiting for it: it reads nothing

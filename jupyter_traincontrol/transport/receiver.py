@@ -37,7 +37,8 @@ class CommandChannel:
 
     One thread reads (`read`, `check_health`: the run's thread); any
     thread takes what was read (`pending`, `pop`, `get`), wakes a read in
-    progress (`wake`) or stops the reads (`stop`).
+    progress (`wake`: the run's publisher wakes its thread so) or stops
+    the reads (`stop`).
 
     Args:
         folder: The run's private folder; the channel lives inside it.
@@ -81,11 +82,6 @@ class CommandChannel:
     def pending(self) -> bool:
         """True when a command waits. Cheap enough for every batch."""
         return not self._queue.empty()
-
-    @property
-    def stopped(self) -> bool:
-        """True once `stop` was called: nothing more is read."""
-        return self._closed.is_set()
 
     def pop(self) -> Request | None:
         """Takes the oldest waiting request, or returns None."""
