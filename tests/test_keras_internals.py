@@ -28,8 +28,6 @@ KERAS_SRC = {
                                     "_CONFIG_FILENAME", "_METADATA_FILENAME", "_VARS_FNAME_H5",
                                     "_write_to_zip_recursively"),
     "keras.src.saving.serialization_lib": ("ObjectSharingScope", "serialize_keras_object", "serialize_dict"),
-    "keras.src.version": ("__version__",),
-    "keras.src.backend": ("standardize_dtype",),
     "keras.src.backend.common.variables": ("Variable",),
     "keras.src.backend.common.global_state": ("get_global_attribute",),
     "keras.src.trainers.trainer": ("Trainer",),

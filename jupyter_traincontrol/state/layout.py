@@ -119,10 +119,10 @@ class SnapshotLayout:
         dates it): made by the writer, not at the boundary (formatting it
         there was about 50 µs of a save's hold on TensorFlow, run cold
         right after a step)."""
-        from keras.src.version import __version__
+        from keras import version
 
         date = datetime.datetime.fromtimestamp(saved_at).strftime("%Y-%m-%d@%H:%M:%S")
-        return json.dumps({"keras_version": __version__, "date_saved": date})
+        return json.dumps({"keras_version": version(), "date_saved": date})
 
     def _serialized_compile_config(self, model, late: MakeLate) -> dict | None:
         """The model's compile config, serialized as ``model.save`` does;

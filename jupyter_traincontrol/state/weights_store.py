@@ -50,7 +50,7 @@ def weights_store(archive):
 def _make_store_class():
     import h5py
     import numpy as np
-    from keras.src import backend
+    from keras import backend
     from keras.src.saving import saving_lib
 
     store_init = saving_lib.H5IOStore.__init__.__code__.co_names
