@@ -373,18 +373,12 @@ class TrainingSession:
             if self._closing:
                 return
             self._closing, self._closer = True, threading.current_thread()
-        self._before_close(final_state)
+        self.driver.before_close(final_state)
         self.final_state, self.error, self.end_reason = final_state, error, end_reason
         try:
             self._stack.close()
         finally:
             self._closed.set()
-        self._after_close()
-
-    def _before_close(self, final_state: RunState) -> None:
-        self.driver.before_close(final_state)
-
-    def _after_close(self) -> None:
         self.driver.after_close()
 
     def save_after_close(self) -> None:

@@ -157,10 +157,15 @@ class LoopAdapter:
             session.random_at_epoch_start = random_state.capture_epoch_start()
         self._act(mid_epoch=False)
 
+    @property
+    def _resumed(self):
+        """The checkpoint the loop resumed from (while its epoch is restored)."""
+        return self.session.resumption.checkpoint
+
     def _restore_epoch_start(self, epoch: int):
         """Puts back the random state the resumed epoch began with; returns
         it, as its later checkpoints keep it (the interrupted run's start)."""
-        state = self.session.resumption.checkpoint.info.get("resume_state")
+        state = self._resumed.info.get("resume_state")
         self._not_exact(random_state.restore_epoch_start(state, epoch))
         if not self.skip:  # the checkpoint's generators are of its boundary: here, the epoch's start
             self._not_exact(random_state.restore_seed_generators(self.model, state))
@@ -173,7 +178,7 @@ class LoopAdapter:
             self._restoring.discard("data")
             self._not_exact(self.data.restore(items))
             if self.skip:
-                self.session.progress.pin(self.session.resumption.checkpoint.position)  # a checkpoint now is of the resumed one's state
+                self.session.progress.pin(self._resumed.position)  # a checkpoint now is of the resumed one's state
         self.data.opening(items)
 
     def item_skipped(self, done: bool) -> None:
@@ -184,7 +189,7 @@ class LoopAdapter:
         if done:
             self.skip = 0
             progress.unpin()
-            state = self.session.resumption.checkpoint.info.get("resume_state")
+            state = self._resumed.info.get("resume_state")
             random_state.restore_now(state)
             self._not_exact(random_state.restore_seed_generators(self.model, state))
         if session.actions.pending:
