@@ -72,23 +72,37 @@ def panel_of(page, index: int, name: str):
     return page.locator(".cell").nth(index).locator(f".traincontrol-panel.traincontrol-run-{name}")
 
 
+PARTS = "button.traincontrol-button, .traincontrol-field, .progress, .traincontrol-chart"
+
+# One read of the panel's geometry in the page: a live panel shows and hides
+# parts as the run goes, so a box read part by part can vanish between reads.
+GEOMETRY = """(panel, selector) => {
+    const box = rect => ({x: rect.x, width: rect.width});
+    const shown = element => {
+        const rect = element.getBoundingClientRect();
+        return rect.width > 0 && rect.height > 0 && getComputedStyle(element).visibility !== "hidden";
+    };
+    return {
+        panel: box(panel.getBoundingClientRect()),
+        parts: [...panel.querySelectorAll(selector)].filter(shown).map(element => ({
+            name: element.className, button: element.matches("button.traincontrol-button"),
+            ...box(element.getBoundingClientRect())})),
+    };
+}"""
+
+
 def assert_inside(panel, page) -> None:
     """Checks that the panel fits the page's width, that each of its visible
     parts lies within it (nothing cut or sticking out), and that its buttons
     are of one width."""
-    box = panel.bounding_box()
+    geometry = panel.evaluate(GEOMETRY, PARTS)
+    box = geometry["panel"]
     width = page.viewport_size["width"]
     assert box["x"] >= 0 and box["x"] + box["width"] <= width, f"panel {box} outside a {width} px page"
-    parts = panel.locator("button.traincontrol-button, .traincontrol-field, .progress, .traincontrol-chart")
-    for index in range(parts.count()):
-        part = parts.nth(index)
-        if not part.is_visible():
-            continue
-        inner = part.bounding_box()
-        assert box["x"] - 1 <= inner["x"] and inner["x"] + inner["width"] <= box["x"] + box["width"] + 1, (
-            f"{part.get_attribute('class')} at {inner} sticks out of the panel {box} ({width} px page)")
-    widths = [button.bounding_box()["width"] for button in panel.locator("button.traincontrol-button").all()
-              if button.is_visible()]
+    for part in geometry["parts"]:
+        assert box["x"] - 1 <= part["x"] and part["x"] + part["width"] <= box["x"] + box["width"] + 1, (
+            f"{part['name']} at {part} sticks out of the panel {box} ({width} px page)")
+    widths = [part["width"] for part in geometry["parts"] if part["button"]]
     assert not widths or max(widths) - min(widths) <= 2, f"buttons of widths {widths} ({width} px page)"
 
 

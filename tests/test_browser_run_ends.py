@@ -54,9 +54,14 @@ def cell(page, index: int):
     return page.locator(".jp-Notebook .jp-Cell").nth(index)
 
 
-def button_rows(buttons) -> tuple[list[int], int]:
-    """How many buttons each line holds, top to bottom, and the spread of their widths in px."""
-    boxes = [button.bounding_box() for button in buttons.all()]
+def button_rows(panel) -> tuple[list[int], int]:
+    """How many buttons each line of `panel` holds, top to bottom, and the
+    spread of their widths in px, read in one go: a running panel swaps
+    buttons (Pause, Resume), so boxes read one by one can vanish between reads."""
+    boxes = panel.evaluate("""panel => [...panel.querySelectorAll("button.traincontrol-button")]
+        .map(button => button.getBoundingClientRect())
+        .filter(rect => rect.width > 0 && rect.height > 0)
+        .map(rect => ({y: rect.y, width: rect.width}))""")
     tops = sorted({round(box["y"]) for box in boxes})
     widths = [box["width"] for box in boxes]
     return [sum(1 for box in boxes if round(box["y"]) == top) for top in tops], round(max(widths) - min(widths))
@@ -108,7 +113,7 @@ def test_the_notebook_panel_asks_before_abort_shows_how_a_run_finished_and_keeps
     # At 900 px the buttons wrap into lines of about one length, all one width.
     page.set_viewport_size({"width": 900, "height": 900})
     busy.scroll_into_view_if_needed()
-    rows, spread = button_rows(busy.locator("button.traincontrol-button"))
+    rows, spread = button_rows(busy)
     assert max(rows) - min(rows) <= 1 and spread <= 2, f"buttons per line {rows}, widths spread {spread} px"
     screenshot(page, f"{app}-900-running")
     screenshot(busy, f"{app}-900-notebook-panel")
@@ -258,7 +263,7 @@ def test_classic_notebook_panel_asks_before_abort_and_old_notices_go(jupyter, pa
     assert record_of("nb-busy")["state"] == "running"
     page.set_viewport_size({"width": 900, "height": 900})
     busy.scroll_into_view_if_needed()
-    rows, spread = button_rows(busy.locator("button.traincontrol-button"))
+    rows, spread = button_rows(busy)
     assert max(rows) - min(rows) <= 1 and spread <= 2, f"buttons per line {rows}, widths spread {spread} px"
     screenshot(page, "classic-900-confirm-abort")
     abort.click()
