@@ -7,10 +7,17 @@ grammar of a request line: ``WORD [ARGUMENT ...] [#ID]``, for example
 and does no I/O. `framing` splits a byte stream into such lines; `states`
 says which commands make sense in which run state.
 
+A request id starts with the word of its sender (``cli-3f2a...``, see
+`transport.send.with_id`). `sender_words` turns it into what a person
+reads in a run's log ("by cli", "by the side panel"); the id itself stays
+in the record's ``acks``, where ``send --wait`` looks for it.
+
 Example:
 
 >>> parse_request("set lr=1e-4 #a1")
 Request(command=<Command.SET: 'set'>, args=('learning_rate=0.0001',), request_id='a1')
+>>> sender_words("rest-0a1b2c3d4e5f")
+'the side panel'
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ __all__ = [
     "assignments",
     "rollback_depth",
     "validate_tunable_name",
+    "SENDERS",
+    "sender_of",
+    "sender_words",
+    "is_interrupt",
 ]
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -165,6 +176,51 @@ WAITED_ID_MARK = "-w"
 def is_waited_id(request_id: str | None) -> bool:
     """True for the id of a request whose sender waits for its answer."""
     return request_id is not None and WAITED_ID_MARK in request_id
+
+
+#: The words of the senders this package gives request ids to.
+SENDERS = {
+    "cli": "cli",
+    "client": "a client",
+    "rest": "the side panel",  # the REST API: the side panel, unless a body says otherwise
+    "nbpanel": "the notebook panel",
+    "panel": "the notebook panel",
+    "notebook": "the notebook",
+    "loop": "the loop's code",
+    "interrupt": "a kernel interrupt",
+    "sigint": "Ctrl+C",
+    "shutdown": "the kernel's shutdown",
+    "unload": "%unload_ext",
+    "sigterm": "SIGTERM",
+    "preemption": "a preemption notice",
+}
+
+_INTERRUPTS = frozenset({"interrupt", "sigint", "sigterm", "preemption"})
+
+
+def sender_of(request_id: str | None) -> str | None:
+    """The sender's word of a request id (``cli`` of ``cli-3f2a...``), or
+    None for an id no sender of this package gave (``echo 'stop #k3'``)."""
+    if not request_id or "-" not in request_id:
+        return None
+    word = request_id.rsplit("-", 1)[0]
+    return word if word in SENDERS else None
+
+
+def is_interrupt(request_id: str | None) -> bool:
+    """True for a request an interrupt sent (a kernel interrupt, Ctrl+C,
+    SIGTERM, a preemption notice): its stop's checkpoint has reason
+    ``interrupt``, and the run ends ``interrupt``."""
+    return sender_of(request_id) in _INTERRUPTS
+
+
+def sender_words(request_id: str | None) -> str | None:
+    """Who sent a request, for a person: ``cli``, ``the side panel``, ...;
+    an id of no known sender as ``#ID``; None without an id."""
+    if not request_id:
+        return None
+    word = sender_of(request_id)
+    return SENDERS[word] if word is not None else f"#{request_id}"
 
 
 def parse_request(text: str | Command | Request) -> Request:

@@ -24,8 +24,7 @@ import math
 from typing import Any, Callable, Mapping
 
 from .commands import shorten
-from .endings import END_REASONS
-from .states import RunState
+from .states import END_REASONS, RunState
 
 __all__ = ["Field", "FIELDS", "REQUIRED", "MAX_RECORD_BYTES", "validate_record", "conform", "UndeclaredFieldError"]
 

@@ -5,13 +5,24 @@ A run starts ``starting``, trains ``running`` (or ``paused``), winds down
 ``failed``. `TRANSITIONS` is the table of the moves a run may make;
 `final_state` the one mapping from how a ``fit`` (or a loop) ended to its
 final state. Pure: no I/O.
+
+`END_REASONS` are the values of a record's ``end_reason``: how a run that
+has ended came to end. `end_reason` says it from the final state and the
+request that ended the run, if one did. `resume_hint` says how to go on
+from a run whose process died (the CLI, and the side panel's
+``resumeHint``, word for word).
+
+Example:
+
+>>> end_reason("stopped", "interrupt-0a1b2c3d4e5f")
+'interrupt'
 """
 
 from __future__ import annotations
 
 import enum
 
-from .commands import Command
+from .commands import Command, is_interrupt, sender_of
 
 __all__ = [
     "RunState",
@@ -22,7 +33,23 @@ __all__ = [
     "as_state",
     "final_state",
     "InvalidTransitionError",
+    "END_REASONS",
+    "end_reason",
+    "resume_hint",
 ]
+
+
+#: How a run ended, as a record's ``end_reason`` says it.
+END_REASONS = {
+    "finished": "fit (or a TrainLoop) ran to its end",
+    "callback": "a callback of the user's ended fit early (EarlyStopping, TerminateOnNaN: its stop_training)",
+    "command": "a stop or abort command (which one: the state)",
+    "interrupt": "a kernel interrupt, Ctrl+C, or SIGTERM (a script's or a job process's)",
+    "kernel-restart": "a kernel shutdown or restart stopped it",
+    "error": "it failed (the record's error says why)",
+    "nan": "a loss that was not finite stopped it (on_nan)",
+    "process-gone": "its process died without ending the run",
+}
 
 
 class RunState(str, enum.Enum):
@@ -110,3 +137,47 @@ def final_state(ended_by: Command | None) -> RunState:
     ``abort`` ``aborted``, and a run that ended by itself ``finished``."""
     return {Command.ABORT: RunState.ABORTED, Command.STOP: RunState.STOPPED}.get(ended_by, RunState.FINISHED)
 
+
+def end_reason(state: str, request_id: str | None = None, *, nan: bool = False) -> str | None:
+    """How a run in final `state` ended (one of `END_REASONS`), or None for
+    a state that is not final.
+
+    Args:
+        state: The run's final state.
+        request_id: The id of the request that ended it (a ``stop`` or
+            ``abort``), if any.
+        nan: True if the NaN policy stopped it.
+    """
+    if state == "finished":
+        return "finished"
+    if state == "failed":
+        return "error"
+    if state not in ("stopped", "aborted"):
+        return None
+    if nan:
+        return "nan"
+    if is_interrupt(request_id):
+        return "interrupt"
+    word = sender_of(request_id)
+    if word == "shutdown":
+        return "kernel-restart"
+    return "command"
+
+
+def resume_hint(record: dict) -> str:
+    """How to continue a run whose process died (``end_reason``
+    ``process-gone``: killed for memory, a crash) from its newest
+    checkpoint; '' for any other run, or one that left no checkpoint.
+
+    Args:
+        record: The run's record (``name``, ``origin``, ``end_reason``,
+            ``checkpoints``).
+    """
+    checkpoints = record.get("checkpoints") or []
+    if record.get("end_reason") != "process-gone" or not checkpoints:
+        return ""
+    newest = str(checkpoints[-1]).replace("\\", "/").rsplit("/", 1)[-1]
+    name = record.get("name")
+    how = (f"%%interruptible_fit --name {name} --resume" if record.get("origin") == "notebook"
+           else f"resume=True (run {name})")
+    return f"Its newest checkpoint is {newest}: continue from it with {how}."
