@@ -9,7 +9,8 @@ command must act between two steps on the training thread (``stop`` sets
 batch-end hook; a checkpoint reads the variables of step N; ``pause``
 holds the training thread itself). So while a command waits, `hold`
 switches Keras's dispatch of this `fit` to synchronous (the flags Keras's
-`CallbackList` reads at every batch end): the next batch-end hooks run on
+`CallbackList` reads at every batch end, set through
+`keras_internals.set_batch_end_dispatch`): the next batch-end hooks run on
 the training thread, where the command acts, and `release` switches back
 once nothing waits. Any thread may `hold` (the run's thread when a
 command arrives, the checkpoint writer when saves wait for it, a pool
@@ -31,6 +32,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from ..state import keras_internals
 from ..system.frames import find_caller
 
 __all__ = ["BatchDispatch"]
@@ -45,7 +47,7 @@ class BatchDispatch:
 
     def __init__(self, callbacks=None):
         self._callbacks = callbacks
-        self._flags = (bool(getattr(callbacks, "_async_train", False)), bool(getattr(callbacks, "_async_test", False)))
+        self._flags = keras_internals.batch_end_dispatch(callbacks)  # (train_async, test_async)
         self.owner = threading.get_ident()
         self.held = False
         self._hidden: list | None = None  # the whole list, while the rest of a stopped epoch runs without some
@@ -92,8 +94,7 @@ class BatchDispatch:
         """Until `release`: every batch-end hook on the training thread. Any thread; cheap."""
         if self._flags[0] or self._flags[1]:
             self.held = True
-            callbacks = self._callbacks
-            callbacks._async_train = callbacks._async_test = False
+            keras_internals.set_batch_end_dispatch(self._callbacks, train_async=False, test_async=False)
 
     def release(self, still_wanted: Callable[[], bool]) -> None:
         """Training thread: Keras's own dispatch again, unless `still_wanted()`
@@ -101,22 +102,25 @@ class BatchDispatch:
         if not self.held:
             return
         self.held = False
-        callbacks = self._callbacks
-        callbacks._async_train, callbacks._async_test = self._flags
+        self._put_back_flags()
         if still_wanted():
             self.hold()
 
     def flush(self) -> None:
         """Training thread: waits for the batch-end hooks still on the pool."""
         if self.asynchronous:
-            self._callbacks._flush_futures()
+            keras_internals.flush_pending_batch_ends(self._callbacks)
 
     def restore(self) -> None:
         """Puts Keras's own dispatch back (the `fit` ends). Idempotent."""
         self.show_all()
         if self._callbacks is not None:
             self.held = False
-            self._callbacks._async_train, self._callbacks._async_test = self._flags
+            self._put_back_flags()
+
+    def _put_back_flags(self) -> None:
+        train_async, test_async = self._flags
+        keras_internals.set_batch_end_dispatch(self._callbacks, train_async=train_async, test_async=test_async)
 
 
 def _is_callback_list(value: Any) -> bool:

@@ -1,6 +1,6 @@
 """What ``model.save`` writes of a model, walked once: `SnapshotLayout`.
 
-Keras's save walk (``saving_lib._save_state``) visits every layer, the
+Keras's save walk (`keras_internals.run_save_walk`) visits every layer, the
 optimizer and the metrics, and each hands a store its values under their
 keys; the model's config is serialized to JSON beside them. For a model of
 one layer that is 7-11 ms on the benchmark machine (the walk inspects every
@@ -39,6 +39,7 @@ import numbers
 import shutil
 from typing import Any, Iterator
 
+from . import keras_internals
 from .frozen import Late, MakeLate, host_copy
 
 __all__ = ["SnapshotLayout"]
@@ -70,16 +71,12 @@ class SnapshotLayout:
             Exception: Whatever ``model.save`` would raise for a model that
                 cannot be saved (an unserializable config, say).
         """
-        from keras.src.saving import saving_lib, serialization_lib
-
-        with serialization_lib.ObjectSharingScope():
-            model_config = serialization_lib.serialize_keras_object(model)
+        model_config = keras_internals.serialize_model(model)
         recorder = _Recorder()
-        assets = saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=None, mode="w")
+        assets = keras_internals.temporary_assets_store()
         try:
             with _optimizers_hand_variables(model):
-                saving_lib._save_state(model, weights_store=recorder, assets_store=assets, inner_path="",
-                                       visited_saveables=set())
+                keras_internals.run_save_walk(model, weights_store=recorder, assets_store=assets)
         except BaseException:
             shutil.rmtree(assets.tmp_dir, ignore_errors=True)
             raise
@@ -127,8 +124,6 @@ class SnapshotLayout:
     def _serialized_compile_config(self, model, late: MakeLate) -> dict | None:
         """The model's compile config, serialized as ``model.save`` does;
         the one serialized last while its key (`_compile_key`) is the same."""
-        from keras.src.saving import serialization_lib
-
         if not hasattr(model, "get_compile_config"):
             return None
         key = _compile_key(model)
@@ -136,8 +131,7 @@ class SnapshotLayout:
             compile_config = model.get_compile_config()
             if compile_config is None:
                 return None
-            with serialization_lib.ObjectSharingScope():
-                self._compile_config = serialization_lib.serialize_dict(compile_config)
+            self._compile_config = keras_internals.serialize_compile_config(compile_config)
             self._compile_key = key
         if key is not None and key[2] is not None:
             return _with_learning_rate(self._compile_config, key[2], late)
@@ -150,8 +144,8 @@ def _compile_key(model) -> tuple | None:
     hyperparameters now with its learning-rate variable (Keras's own
     optimizers: `_hyperparameters`) or else its whole config and None. None
     where the model serializes its compile config its own way."""
-    from keras.src.backend.common.variables import Variable as KerasVariable
-    from keras.src.trainers.trainer import Trainer
+    KerasVariable = keras_internals.variable_class()
+    Trainer = keras_internals.trainer_class()
 
     settings = getattr(model, "_compile_config", None)
     if type(model).get_compile_config is not Trainer.get_compile_config or settings is None or not model.compiled:
@@ -179,11 +173,11 @@ def _hyperparameters(optimizer) -> tuple | None:
     of Keras's own optimizers: what its ``get_config`` writes but the
     learning rate. None for an optimizer with a ``get_config`` of its
     own, or one wrapping another (a loss-scale optimizer)."""
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    BaseOptimizer = keras_internals.base_optimizer_class()
 
     get_config = getattr(type(optimizer), "get_config", None)
     if not isinstance(optimizer, BaseOptimizer) or hasattr(optimizer, "inner_optimizer") \
-            or not getattr(get_config, "__module__", "").startswith("keras.src.optimizers."):
+            or not keras_internals.defined_in_keras_optimizers(get_config):
         return None
     return tuple((name, tuple(value) if type(value) is list else value)
                  for name, value in vars(optimizer).items() if _plain(value))
@@ -230,7 +224,7 @@ def _optimizers_hand_variables(model) -> Iterator[None]:
     ``save_own_variables`` (the variables in order, keys ``"0"``, ``"1"``...)
     hand the store their variables, under the same keys, rather than a
     ``numpy()`` copy of each. Restored after."""
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    BaseOptimizer = keras_internals.base_optimizer_class()
 
     patched = []
     seen = set()
@@ -257,10 +251,9 @@ def _handing_variables(optimizer):
 
 
 def _recorder_class():
-    from keras.src.backend.common.variables import Variable as KerasVariable
-    from keras.src.saving import saving_lib
+    KerasVariable = keras_internals.variable_class()
 
-    class Recorder(saving_lib.H5IOStore):
+    class Recorder(keras_internals.h5_io_store_class()):
         """Takes what Keras's save walk writes (no file): Keras variables
         themselves, anything else as a host copy of it now."""
 

@@ -45,6 +45,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from . import keras_internals
 from .frozen import Late
 
 __all__ = ["RESUME_STATE_VERSION", "CapturedState", "EpochStart", "KeptEpochStart", "capture_epoch_start", "capture",
@@ -128,8 +129,9 @@ def capture(model, epoch: int, epoch_start: "EpochStart | None",
             now is that start.
         data: `data_order.DataOrder.state` for that epoch, or None.
     """
+    model_generators = keras_internals.seed_generators(model) if model is not None else []
     seed_generators = {
-        "model": [Late(sg.state, _int_list) for sg in _seed_generators(model)] if model is not None else [],
+        "model": [Late(sg.state, _int_list) for sg in model_generators],
         "global": _global_generator_state(),
     }
     return CapturedState(epoch, epoch_start, EpochStart(), seed_generators, data)
@@ -197,15 +199,13 @@ def restore_seed_generators(model, state: Any) -> str | None:
         return _NO_STATE
     try:
         generators = state["seed_generators"]
-        model_generators = _seed_generators(model) if model is not None else []
+        model_generators = keras_internals.seed_generators(model) if model is not None else []
         if len(generators["model"]) != len(model_generators):
             return "the model's random generators do not match the checkpoint's: dropout may differ"
         for sg, values in zip(model_generators, generators["model"]):
             sg.state.assign(_as_state(values, sg.state))
         if generators["global"] is not None:
-            from keras.src.random.seed_generator import global_seed_generator
-
-            sg = global_seed_generator()
+            sg = keras_internals.global_seed_generator(create=True)
             sg.state.assign(_as_state(generators["global"], sg.state))
     except (KeyError, TypeError, ValueError) as error:
         return f"the checkpoint's random state could not be restored ({error}): the data order may differ"
@@ -283,22 +283,10 @@ def _torch_generator_state():
     return torch.get_rng_state()
 
 
-def _seed_generators(model) -> list:
-    found, seen = [], set()
-    for layer in [model, *model._flatten_layers(include_self=False)]:
-        for sg in getattr(layer, "_seed_generators", []) or []:
-            if id(sg) not in seen:
-                seen.add(id(sg))
-                found.append(sg)
-    return found
-
-
 def _global_generator_state() -> Late | None:
     if "keras" not in sys.modules:  # a custom loop without Keras: nothing to keep, and nothing imported
         return None
-    from keras.src.backend.common import global_state
-
-    sg = global_state.get_global_attribute("global_seed_generator")
+    sg = keras_internals.global_seed_generator(create=False)
     return None if sg is None else Late(sg.state, _int_list)
 
 

@@ -68,6 +68,7 @@ import zipfile
 from typing import Any, Callable
 
 from ..checkpoint import NonFiniteStateError
+from . import keras_internals
 from .arrays import is_finite
 from .frozen import Late, MakeLate, as_host_array, late_json, nbytes_of, values_for_snapshot
 from .layout import SnapshotLayout
@@ -173,7 +174,7 @@ class ModelSnapshot:
             Exception: Whatever ``model.save`` would raise for a model that
                 cannot be saved (an unserializable config, say).
         """
-        from keras.src.backend.common.variables import Variable as KerasVariable
+        KerasVariable = keras_internals.variable_class()
 
         if layout is None or not layout.fits(model):
             layout = SnapshotLayout.walk(model)
@@ -228,16 +229,15 @@ class ModelSnapshot:
             NonFiniteStateError: Before writing anything, if a variable
                 holds a NaN or an infinity: no checkpoint of bad weights.
         """
-        from keras.src.saving import saving_lib
-
         self._to_host()
         bad = self.non_finite()
         if bad:
             raise NonFiniteStateError(bad)
         config = self._config if isinstance(self._config, str) else json.dumps(self._config, default=late_json)
         with open(path, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
-            archive.writestr(saving_lib._METADATA_FILENAME, SnapshotLayout.metadata(self._saved_at))
-            archive.writestr(saving_lib._CONFIG_FILENAME, config)
+            names = keras_internals.keras_file_names()
+            archive.writestr(names.metadata, SnapshotLayout.metadata(self._saved_at))
+            archive.writestr(names.config, config)
             store = weights_store(archive)
             store.pace = self.pace
             try:
@@ -251,9 +251,7 @@ class ModelSnapshot:
             finally:
                 store.close()
             if self._assets_dir is not None:
-                saving_lib._write_to_zip_recursively(
-                    archive, f"{self._assets_dir}/{saving_lib._ASSETS_DIRNAME}", saving_lib._ASSETS_DIRNAME
-                )
+                keras_internals.add_assets_to_zip(archive, self._assets_dir)
 
     def release(self) -> None:
         """Drops the values (and any assets folder), handing its host arrays

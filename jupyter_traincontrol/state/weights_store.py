@@ -15,7 +15,8 @@ interpreter lock and two copies fewer:
   writer's) is called with the seconds each slice took.
 
 The lean path leans on ``H5IOStore``'s internals (Keras 3.x up to at least
-3.15); where they differ, the store is Keras's own, unchanged.
+3.15; the class comes from `keras_internals.h5_io_store_class`); where they
+differ, the store is Keras's own, unchanged.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import time
 import zipfile
 
+from . import keras_internals
 from .sparse_image import SparseImage, allocate, placeable
 
 __all__ = ["weights_store"]
@@ -42,22 +44,21 @@ def weights_store(archive):
     global _STORE_CLASS
     if _STORE_CLASS is None:
         _STORE_CLASS = _make_store_class()
-    from keras.src.saving import saving_lib
-
-    return _STORE_CLASS(saving_lib._VARS_FNAME_H5, archive=archive, mode="w")
+    return _STORE_CLASS(keras_internals.keras_file_names().weights, archive=archive, mode="w")
 
 
 def _make_store_class():
     import h5py
     import numpy as np
     from keras import backend
-    from keras.src.saving import saving_lib
 
-    store_init = saving_lib.H5IOStore.__init__.__code__.co_names
-    lean = all(hasattr(saving_lib.H5IOStore, name) for name in ("_create_h5_group", "_get_h5_file")) and all(
+    H5IOStore = keras_internals.h5_io_store_class()
+
+    store_init = H5IOStore.__init__.__code__.co_names
+    lean = all(hasattr(H5IOStore, name) for name in ("_create_h5_group", "_get_h5_file")) and all(
         name in store_init for name in ("h5_file", "io_file", "archive", "path_or_io", "_h5_entry_initialized"))
 
-    class WeightsStore(saving_lib.H5IOStore):
+    class WeightsStore(H5IOStore):
         pace = None
 
         def _get_h5_file(self, path_or_io, mode=None):

@@ -44,6 +44,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ...state import keras_internals
 from ...system.frames import find_caller
 
 __all__ = ["DataOrder"]
@@ -79,9 +80,8 @@ class DataOrder:
     def find(cls) -> "DataOrder | None":
         """The `DataOrder` of the `fit` on this thread's stack, or None if
         no Keras ``fit`` frame with an ``epoch_iterator`` is found."""
-        try:
-            from keras.src.trainers.epoch_iterator import EpochIterator
-        except ImportError:  # pragma: no cover - another Keras layout
+        EpochIterator = keras_internals.epoch_iterator_class()
+        if EpochIterator is None:  # pragma: no cover - another Keras layout
             return None
         frame = find_caller(lambda frame: frame.f_code.co_name == "fit"
                             and isinstance(frame.f_locals.get("epoch_iterator"), EpochIterator))

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ...checkpoint import Checkpoint, CheckpointError, CheckpointStore, SkippedCheckpoint, skipping_words
 from ...state import KerasState
-from ...state import random_state
+from ...state import keras_internals, random_state
 from .batch_skipper import BatchSkipper, can_skip_batches
 from .data_order import DataOrder
 from .sources import ResumeSource, ResumeSourceError, describe_others
@@ -61,18 +61,6 @@ class FitKind:
     resumes_others: bool = True
 
 
-def _start_at_initial_epoch(model, epoch: int) -> Callable[[], None]:
-    """Keras 3 reads the private ``model._initial_epoch`` to know where to
-    start (as `BackupAndRestore` does); the old value is put back after."""
-    previous = getattr(model, "_initial_epoch", None)
-    model._initial_epoch = epoch
-
-    def put_back() -> None:
-        model._initial_epoch = previous
-
-    return put_back
-
-
 def _keras_backend() -> str:
     import keras
 
@@ -80,7 +68,7 @@ def _keras_backend() -> str:
 
 
 #: Keras 3's `fit`: the data order and the random state restored too.
-KERAS3 = FitKind(state=KerasState, start_at=_start_at_initial_epoch, backend=_keras_backend)
+KERAS3 = FitKind(state=KerasState, start_at=keras_internals.start_fit_at_epoch, backend=_keras_backend)
 
 
 class Resumption:
