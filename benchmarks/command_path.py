@@ -230,6 +230,19 @@ def _send_from_cli(tracer: Tracer, name: str, command: str) -> tuple[str, str, i
     return threading.current_thread().name, "main", sent
 
 
+def _first_save(folder: Path, seed: int) -> None:
+    """A process's first checkpoint, untraced: it builds, once per process,
+    the classes the save walk and the weights' writer use (Keras's
+    ``H5IOStore`` subclassed), so every round traces a save that runs
+    through, round 1 as the others."""
+    from jupyter_traincontrol import ControlCallback
+
+    model, (x, y) = _model(seed), _data(seed)
+    control = ControlCallback(name="first-save", checkpoint_dir=str(folder / "first-save"), verbose=False,
+                              handle_sigint=False)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[control])
+
+
 def _fit_path(folder: Path, seed: int, command: str) -> dict[str, list]:
     """The CLI's `command` to a `fit` under `ControlCallback`."""
     from jupyter_traincontrol import ControlCallback
@@ -365,6 +378,7 @@ def trace(folder: Path, seed: int) -> dict[str, dict[str, list]]:
     """
     from jupyter_traincontrol.run import publisher
 
+    _first_save(folder, seed)
     switch, soon = sys.getswitchinterval(), publisher.SOON_DELAY_SECONDS
     sys.setswitchinterval(1.0)
     publisher.SOON_DELAY_SECONDS = 0.5
