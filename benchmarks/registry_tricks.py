@@ -2,15 +2,9 @@
 
 A run per `fit` writes its record as it opens and as it closes, takes and
 lets go of a checkpoint folder, and (for a new callback of an ended run's
-name) claims the name again. Four tricks of `registry.folder` make that
+name) claims the name again. Two tricks of `registry.folder` make that
 cheaper for the training thread:
 
-- files made ahead: the run's thread makes empty files that the training
-  thread's record writes go into (`RunFolder.prepare_files`), so the
-  write does not create a file;
-- replaced records kept: a record write keeps the file it replaces under
-  a second name (a hard link) for the run's thread to remove, so the
-  rename does not free it (`RunFolder._keep_replaced`);
 - frees left to the run's thread: a checkpoint folder's last descriptor
   closed, a folder set aside removed, the history bounded and the
   registry swept by the run's thread, not the training thread
@@ -19,16 +13,23 @@ cheaper for the training thread:
   process takes that run's folder as it is, where a claim otherwise sets
   the folder aside and stages a new one (`_release_own(keep_folder=True)`).
 
+Two more were retired on what this benchmark measured (2026-12-06, at
+``f7c225b``, which still switches them; benchmarks/README.md has the
+figures): empty files made ahead for the training thread's record
+writes, and the records those writes replaced kept under a second name
+for the run's thread to remove. Neither stood out of the noise.
+
 Each trick is switched off here by patching it to do the plain thing (what
 the package would do without it). Two loops of 2-batch fits, as code that
 calls `fit` in a loop has them: one `ControlCallback` reused (a run each
 fit), and a new `ControlCallback` of one name each fit. Each round runs
-every variant once, in rotating order (all tricks on, each one off, all
+every variant once, in random order (all tricks on, each one off, all
 off, and a plain `fit` for scale); reported: the whole `fit`'s median wall
 time (what a user waits for) and the median of the per-round ratios to
 "all on". "all on, again" is all on a second time, with runs of its own
 name: how far two identical variants differ here, the noise a trick's
-figure must stand out of.
+figure must stand out of. The order is drawn anew each round (see
+`shuffled_rounds`).
 
 Usage::
 
@@ -53,7 +54,7 @@ _common.prepare_environment()
 
 BATCH_SIZE = 32
 FEATURES = 32
-TRICKS = ("files made ahead", "replaced records kept", "frees left to the run's thread", "take-over")
+TRICKS = ("frees left to the run's thread", "take-over")
 
 
 def trick_off(trick: str) -> contextlib.AbstractContextManager:
@@ -70,11 +71,7 @@ def trick_off(trick: str) -> contextlib.AbstractContextManager:
         stack.callback(setattr, owner, name, original)
         return original
 
-    if trick == "files made ahead":
-        patch(RunFolder, "prepare_files", lambda self: None)
-    elif trick == "replaced records kept":
-        patch(RunFolder, "_keep_replaced", lambda self: None)
-    elif trick == "frees left to the run's thread":
+    if trick == "frees left to the run's thread":
         claim = RunFolder.__dict__["claim"].__func__
 
         def remove_now(self, trash, prune_history=False):
@@ -105,6 +102,28 @@ def tricks_off(tricks) -> None:
         yield
 
 
+def shuffled_rounds(variants, rounds: int, warmup: int, seed: int) -> dict[str, list[float]]:
+    """Runs each of `variants` once a round, in a new random order each
+    round; returns each one's values (after `warmup` rounds).
+
+    Not a rotation: a run's thread ends after its `fit` returns, doing the
+    chores its run left it, on the same two cores as the next `fit`. A
+    rotation keeps each variant's neighbours; the one after the plain `fit`
+    (which leaves nothing behind) would always start on a quiet machine.
+    """
+    import random
+
+    order, results = random.Random(seed), {name: [] for name in variants}
+    for index in range(warmup + rounds):
+        names = list(variants)
+        order.shuffle(names)
+        for name in names:
+            value = variants[name]()
+            if index >= warmup:
+                results[name].append(value)
+    return results
+
+
 def measure(args) -> dict[str, dict[str, list[float]]]:
     """Per loop (``reused``, ``new``), per variant, the seconds of each fit."""
     os.environ["KERAS_BACKEND"] = args.backend
@@ -119,8 +138,8 @@ def measure(args) -> dict[str, dict[str, list[float]]]:
     variants = {"all on": (), "all on, again": (), **{f"{trick} off": (trick,) for trick in TRICKS}, "all off": TRICKS}
     results = {}
     with _common.scratch_folder(args.dir, "traincontrol-bench-tricks-") as scratch:
-        # Each variant has runs of its own name (and folders): what one leaves behind (a file made ahead,
-        # an ended run to take over) serves only its own next fit.
+        # Each variant has runs of its own name (and folders): what one leaves behind (an ended run of
+        # the name, a folder set aside) meets only its own next fit.
         names = {variant: f"bench-{index}" for index, variant in enumerate(variants)}
         reused = {variant: ControlCallback(save_at_end=False, name=f"{name}-reused", checkpoint_dir=scratch / name,
                                            verbose=False) for variant, name in names.items()}
@@ -138,7 +157,7 @@ def measure(args) -> dict[str, dict[str, list[float]]]:
                     return time.perf_counter() - begin
 
             runs = {name: functools.partial(timed, name) for name in [*variants, "plain fit"]}
-            results[loop] = _common.alternate(runs, args.rounds, warmup=2 if args.quick else 20, label=loop)
+            results[loop] = shuffled_rounds(runs, args.rounds, warmup=2 if args.quick else 20, seed=args.seed)
     return results
 
 

@@ -156,7 +156,7 @@ def live_run(tmp_path):
     from jupyter_traincontrol.run import RunLifecycle
 
     control = RunLifecycle("alpha", tmp_path / "ck").open()
-    control._folder.free_replaced()  # its claim's sweep of dead runs, now: not of a folder a test plants later
+    control._folder.tidy_up()  # its claim's sweep of dead runs, now: not of a folder a test plants later
     control.move_to("running")
     progress = TrainingProgress(epoch=2)
     progress.epoch_begun, progress.epochs, progress.step, progress.steps = True, 20, 7, 50

@@ -45,24 +45,6 @@ def test_claim_makes_private_folders_and_a_record(runtime_dir):
     assert list_runs() == []
 
 
-def test_a_replaced_record_kept_for_later_is_freed_by_free_replaced_and_by_release(runtime_dir):
-    folder = RunFolder.claim("kept")
-    try:
-        folder.write_record({"state": "running"}, keep_replaced=True)
-        kept = sorted(folder.path.glob(".run.json.replaced-*"))
-        assert len(kept) == 1 and json.loads(kept[0].read_text())["state"] == "starting"  # the claim's record
-        assert find_run("kept")["state"] == "running"  # readers see only the new one
-        folder.write_record({"state": "running", "epoch": 1})  # a plain write keeps nothing
-        assert sorted(folder.path.glob(".run.json.replaced-*")) == kept
-        folder.free_replaced()
-        assert not list(folder.path.glob(".run.json.replaced-*"))
-        folder.write_record({"state": "finished"}, keep_replaced=True)
-        assert len(list(folder.path.glob(".run.json.replaced-*"))) == 1
-    finally:
-        folder.release()
-    assert not folder.path.exists()
-
-
 def test_descriptors_kept_to_close_later_are_closed_by_free_kept_and_by_release(runtime_dir, tmp_path):
     def is_open(fd):
         try:
@@ -95,58 +77,6 @@ def test_descriptors_kept_to_close_later_are_closed_by_free_kept_and_by_release(
         assert not is_open(late)
     finally:
         sealed.release()
-
-
-def test_a_fast_record_write_goes_into_a_prepared_file_that_readers_pass_over(runtime_dir):
-    folder = RunFolder.claim("ready")
-    try:
-        folder.prepare_files()
-        prepared = {p.stat().st_ino: p for p in folder.path.glob(".run.json.*.tmp")}
-        assert len(prepared) == 2
-        assert all(p.stat().st_size == 0 and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in prepared.values())
-        assert [r["name"] for r in list_runs()] == ["ready"] and find_run("ready")["state"] == "starting"
-        folder.write_record({"state": "running"})  # a plain write (the run's thread) makes its own file
-        assert folder.record_path.stat().st_ino not in prepared
-        folder.write_record({"state": "running", "epoch": 1}, keep_replaced=True)  # the training thread's
-        assert folder.record_path.stat().st_ino in prepared
-        assert find_run("ready")["epoch"] == 1
-        left = list(folder.path.glob(".run.json.*.tmp"))
-        assert len(left) == 1 and left[0].stat().st_ino in prepared
-        left[0].write_text("not empty")  # not what prepare_files left: a new file is made instead
-        folder.write_record({"state": "finished"}, keep_replaced=True)
-        assert folder.record_path.stat().st_ino not in prepared and find_run("ready")["state"] == "finished"
-        assert left[0].read_text() == "not empty"
-        folder.prepare_files()
-        assert len(list(folder.path.glob(".run.json.*.tmp"))) == 3  # two ready again, beside the one passed over
-    finally:
-        folder.release()
-    assert not folder.path.exists()
-
-
-def test_files_made_ahead_while_the_folder_is_taken_over_are_not_left_in_it(runtime_dir, monkeypatch):
-    """A run's thread making files for the next writes (`prepare_files`)
-    while its run ends and a new run of its name takes the folder over
-    leaves no file that no write will take."""
-    from jupyter_traincontrol.registry import folder as folder_module
-
-    first = RunFolder.claim("ahead")
-    make_empty_file, heirs = folder_module.make_empty_file, []
-
-    def make_while_taken_over(name, *, dir_fd):
-        if not heirs:  # the run ends and its name is claimed between the two files
-            first.seal()
-            heirs.append(RunFolder.claim("ahead"))
-        return make_empty_file(name, dir_fd=dir_fd)
-
-    monkeypatch.setattr(folder_module, "make_empty_file", make_while_taken_over)
-    first.prepare_files()
-    monkeypatch.setattr(folder_module, "make_empty_file", make_empty_file)
-    heir = heirs[0]
-    try:
-        assert heir.path == first.path and first._prepared == []
-        assert {p.name for p in heir.path.glob(".run.json.*.tmp")} == set(heir._prepared)
-    finally:
-        heir.release()
 
 
 def test_the_run_thread_does_the_chores_left_to_it_and_drops_them_once_stopped():
@@ -445,50 +375,16 @@ def test_a_run_has_one_thread_which_publishes_soon_and_ticks(runtime_dir, tmp_pa
     assert find_run("onethread")["state"] == "finished"
 
 
-def test_the_training_threads_record_writes_leave_freeing_the_replaced_file_to_the_runs_thread(
-        make_model, tiny_data, tmp_path, monkeypatch):
-    """The writes of a fit's opening and end keep the replaced record under a
-    second name (the rename then frees nothing), and the end's goes into a
-    file the run's thread made ahead (a write then creates no file). The
-    run's thread removes what is left of both as the run ends: reused fits
-    leave none."""
-    from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.registry import RunFolder
-
-    writes = []
-    write_record = RunFolder.write_record
-
-    def noted_write(self, record, keep=False):
-        ready = len(self._prepared)
-        write_record(self, record, keep)
-        writes.append((threading.current_thread().name, record["state"], keep, len(self._prepared) < ready))
-
-    monkeypatch.setattr(RunFolder, "write_record", noted_write)
-    model, (x, y) = make_model(), tiny_data
-    callback = ControlCallback(name="short", checkpoint_dir=tmp_path / "ck", save_at_end=False, verbose=False,
-                               handle_sigint=False)
-    for _fit in range(4):
-        model.fit(x[:8], y[:8], batch_size=4, epochs=1, verbose=0, callbacks=[callback])
-        wait_threads_ended()  # the run's thread, after its last chore
-        assert run_folder_leftovers(callback.lifecycle._folder.path) == []
-    training = threading.current_thread().name
-    assert {(state, keep) for thread, state, keep, _took in writes if thread == training} == {("starting", True),
-                                                                                             ("finished", True)}
-    assert all(not keep for thread, _state, keep, _took in writes if thread != training)
-    assert all(took for thread, state, _keep, took in writes if thread == training and state == "finished")
-    assert find_run("short")["state"] == "finished"
-
-
 def run_folder_leftovers(folder: Path) -> list[str]:
-    """What a run folder holds besides its lock, record and FIFO: the files
-    its record writes made (``.run.json.*.tmp``, ``.run.json.replaced-*``)."""
+    """What a run folder holds besides its lock, record and FIFO: a record
+    write's temporary file (``.run.json.*.tmp``), say, left behind."""
     return sorted(p.name for p in folder.iterdir() if p.name not in ("lock", "run.json", "control"))
 
 
 def test_runs_opened_and_closed_back_to_back_leave_no_replaced_records_behind(runtime_dir, tmp_path):
     """A loop of runs too short for their thread to tick (a reused callback's
-    2-batch fits) still frees the records each replaced: each run's thread
-    does it as it ends, not only a run that lives long enough."""
+    2-batch fits) leaves nothing in the folder beside its lock, its record
+    and its FIFO."""
     from jupyter_traincontrol.protocol import RunState
     from jupyter_traincontrol.run.lifecycle import RunLifecycle
 
@@ -504,9 +400,8 @@ def test_runs_opened_and_closed_back_to_back_leave_no_replaced_records_behind(ru
 def test_ended_runs_leave_only_their_lock_and_record_in_the_runtime_folder(runtime_dir, tmp_path, monkeypatch):
     """Runs that end (finished, stopped, failed, one whose thread had ended
     before it, one ended while a claim took its name over) leave no
-    ``.run.json.*.tmp`` or ``.run.json.replaced-*`` file in their folder:
-    each run's thread removes what its record writes made, once its last
-    record is written."""
+    ``.run.json.*`` file beside their record in their folder, whichever
+    thread wrote their records."""
     from jupyter_traincontrol.protocol import RunState
     from jupyter_traincontrol.run.lifecycle import RunLifecycle
 
@@ -514,8 +409,8 @@ def test_ended_runs_leave_only_their_lock_and_record_in_the_runtime_folder(runti
     for name, final in [("done", RunState.FINISHED), ("halted", RunState.STOPPED), ("broken", RunState.FAILED)]:
         run = RunLifecycle(name, tmp_path / name).open()
         run.move_to(RunState.RUNNING)
-        time.sleep(0.05)  # its thread made the files ahead, and wrote the running record
-        run.publish(force=True)  # a plain write (replaces, keeps nothing) beside the training thread's
+        time.sleep(0.05)  # its thread wrote the running record
+        run.publish(force=True)  # a write of this thread beside the run's thread's
         run.close(final, error="Traceback: boom" if final == RunState.FAILED else None)
         ended.append(run)
     wait_threads_ended()
@@ -557,45 +452,6 @@ def test_train_loops_that_finish_or_fail_leave_no_record_files_behind(runtime_di
     assert sorted(folder.name for folder in folders) == ["loop-fails", "loop-ok"]
     for folder in folders:
         assert run_folder_leftovers(folder) == [], folder.name
-
-
-def test_the_last_chore_done_by_the_closing_thread_itself_leaves_the_removal_to_the_seal(runtime_dir):
-    """A run whose thread had ended before its end: the chore it left runs on
-    the closing thread, before the last record; it waits for nothing, and
-    the seal removes what the record writes made."""
-    folder = RunFolder.claim("alone")
-    try:
-        folder.prepare_files()
-        folder.write_record({"state": "running"}, keep_replaced=True)
-        chore = folder.last_chore()
-        started = time.monotonic()
-        chore()  # on this thread, which seals later: no wait for itself
-        assert time.monotonic() - started < 1
-        folder.write_record({"state": "finished"}, keep_replaced=True)
-        assert run_folder_leftovers(folder.path)  # a replaced record kept, a file made ahead left
-        folder.seal()
-        assert run_folder_leftovers(folder.path) == []
-    finally:
-        folder.release()
-
-
-def test_a_folder_reopened_before_the_last_chore_keeps_its_files_for_the_new_run(runtime_dir):
-    folder = RunFolder.claim("reused")
-    try:
-        folder.prepare_files()
-        chore = folder.last_chore()
-        folder.seal()
-        assert folder.reopen("next-run")
-        folder.write_record({"state": "starting"})  # the new run's first record (its caller writes it)
-        chore()  # late: the folder serves the next run, whose writes take the files made ahead
-        assert len(list(folder.path.glob(".run.json.*.tmp"))) == 2 and len(folder._prepared) == 2
-        chore = folder.last_chore()
-        folder.write_record({"state": "finished"}, keep_replaced=True)
-        folder.seal()
-        chore()
-        assert run_folder_leftovers(folder.path) == []
-    finally:
-        folder.release()
 
 
 def test_a_record_built_before_the_end_is_never_written_after_the_last_one(runtime_dir, tmp_path):
@@ -681,7 +537,7 @@ def test_a_claim_of_an_ended_run_of_this_process_takes_its_folder_over_and_leave
     from jupyter_traincontrol.run import RunLifecycle
 
     first = RunLifecycle("again", tmp_path / "a").open()
-    first.publish_soon()  # replaced records and files made ahead: the new run takes them over too
+    first.publish_soon()
     first.close(RunState.FINISHED)
     wait_threads_ended()  # the first run's (its sweep of dead runs too)
     old_folder = first._folder.path.stat().st_ino
@@ -706,7 +562,7 @@ def test_a_claim_of_an_ended_run_of_this_process_takes_its_folder_over_and_leave
         assert find_run("again")["run_id"] == second.run_id
         assert first.run_id in [r["run_id"] for r in list_runs(ended=True) if r["name"] == "again"]  # in the history
         wait_until(lambda: sorted(p.name for p in second._folder.path.iterdir() if not p.name.endswith(".tmp"))
-                   == ["control", "lock", "run.json"], timeout=5, message="the replaced records removed (files made ahead stay)")
+                   == ["control", "lock", "run.json"], timeout=5, message="only the lock, record and FIFO")
         assert not [p.name for p in runtime_dir.iterdir() if p.name.startswith((".removed-", ".claim-"))]
         with pytest.raises(NameTakenError, match="already starting"):
             first.open()  # the first run's object again: its folder is the live second's now

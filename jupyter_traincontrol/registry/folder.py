@@ -8,9 +8,10 @@ folder (keeping its last record in the history, `tombstones`), and every
 folder this process claimed is released when it exits (`release_all`). A
 claim releases this process's ended runs beyond the newest
 `ENDED_RUNS_KEPT` into the history: a loop of new runs does not grow it.
-An ended run's folder holds its lock and its last record only: what the
-run made for its own writes (replaced records kept for later, empty files
-made ahead) its thread removes as the run ends (`last_chore`).
+An ended run's folder holds its lock and its last record only. What would
+make the training thread wait (closing a removed folder's last descriptor,
+removing a folder set aside, sweeping the registry) is left to the run's
+thread (`free_kept`, `tidy_up`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..protocol import ACTIVE_STATES, FINAL_STATES, RunState, shorten
 from ..system.flock import ProcessLock
 from ..system.private_fs import (
-    check_private, ensure_private_dir, file_identity, make_empty_file, open_dir, read_json, write_json_atomic,
+    check_private, ensure_private_dir, file_identity, open_dir, read_json, write_json_atomic,
 )
 from .leftovers import Leftovers
 from .listing import unique_name
@@ -43,12 +44,6 @@ __all__ = ["ENDED_RUNS_KEPT", "RunFolder", "release_all"]
 #: panel show).
 ENDED_RUNS_KEPT = 20
 _CLAIM_ATTEMPTS = 5
-#: Empty files kept ready for the training thread's record writes: the one
-#: that ends the run, and the first of the next run of this folder.
-_PREPARED_FILES = 2
-#: How long the run's thread waits, as its run ends, for the last record
-#: (`RunFolder.last_chore`); a few milliseconds in practice.
-_LAST_RECORD_WAIT_SECONDS = 10.0
 
 
 class RunFolder:
@@ -74,10 +69,7 @@ class RunFolder:
         self.dir_fd = -1  # the folder, opened once: writes go through it, not through its path
         self._written: tuple[int, int, int] | None = None  # the identity of the record this run wrote last
         self._last_record: dict[str, Any] = {}  # and what it holds (`_own_record` reads no file it wrote)
-        self._prepared: list[str] = []  # empty files made by `prepare_files`, for the next fast writes
-        self._leftovers = Leftovers()  # for this run's thread: `free_kept`, `free_replaced`
-        self._sealed = threading.Event()  # this run's last record is written: a new one for each run of the folder
-        self._free_at_seal = False  # `last_chore` ran on the thread that seals: `seal` frees what it left
+        self._leftovers = Leftovers()  # for this run's thread: `free_kept`, `tidy_up`
 
     @property
     def record_path(self) -> Path:
@@ -96,7 +88,7 @@ class RunFolder:
             name: The run's name; see `validate_name`.
             root: The registry folder. Defaults to `registry_root()`.
             run_id: The run instance's id. Defaults to a new one.
-            sweep_later: Leave the sweep of dead runs to `free_replaced` (the
+            sweep_later: Leave the sweep of dead runs to `tidy_up` (the
                 run's thread); the folder of `name` is freed, if dead, anyway.
 
         Returns:
@@ -144,8 +136,8 @@ class RunFolder:
         else:
             raise NameTakenError(f"Could not claim the name {name!r}: other processes keep taking it.")
         run_folder.dir_fd = open_dir(folder)
-        if taken_over:  # its first record now, into a file made ahead
-            run_folder.write_record({"state": RunState.STARTING.value}, keep_replaced=True)
+        if taken_over:  # its first record now
+            run_folder.write_record({"state": RunState.STARTING.value})
         _claimed_in_this_process.add(run_folder)
         _release_old_ended_runs(root)
         return run_folder
@@ -177,34 +169,18 @@ class RunFolder:
     def _full_record(self, record: dict[str, Any]) -> dict[str, Any]:
         return {**record, **self.base_record(), "updated": time.time()}
 
-    def write_record(self, record: dict[str, Any], keep_replaced: bool = False) -> None:
+    def write_record(self, record: dict[str, Any]) -> None:
         """Replaces the run's record atomically (thread-safe).
 
         Args:
             record: The fields to write; `base_record` fields are added.
-            keep_replaced: For the training thread: keep the replaced file
-                under a second name (its freeing, 0.2-0.3 ms on ext4, is left
-                to `free_replaced`) and write into a file `prepare_files`
-                made, if one is ready (its creation, 0.05-0.2 ms, too).
         """
         with self._write_lock:
             if self.dir_fd < 0:
                 return
-            prepared = None
-            if keep_replaced:
-                self._keep_replaced()
-                prepared = self._prepared.pop() if self._prepared else None
             full = self._full_record(record)
-            self._written = write_json_atomic(self.record_path, full, dir_fd=self.dir_fd, into=prepared)
+            self._written = write_json_atomic(self.record_path, full, dir_fd=self.dir_fd)
             self._last_record = full
-
-    def _keep_replaced(self) -> None:
-        name = f".{RECORD_NAME}.replaced-{uuid.uuid4().hex[:12]}"
-        try:
-            os.link(RECORD_NAME, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd, follow_symlinks=False)
-        except (OSError, NotImplementedError):
-            return  # no record yet, or no hard links here: the rename frees it
-        self._leftovers.unlink_later(self.path / name)
 
     def close_later(self, fd: int) -> None:
         """Keeps `fd`, the last descriptor of a folder removed (a checkpoint
@@ -223,40 +199,11 @@ class RunFolder:
         (`remove_later`). Any thread; the run's, as it ends."""
         self._leftovers.free_kept()
 
-    def free_replaced(self) -> None:
-        """Removes the replaced records `write_record` kept and what
-        `free_kept` removes, and tidies the registry as `claim` or
-        `remove_later` left it to (else the next sweep does). Any thread."""
+    def tidy_up(self) -> None:
+        """Frees what `free_kept` frees, and tidies the registry as `claim`
+        or `remove_later` left it to (else the next sweep does). Any thread
+        (the run's, as the run opens and as it ends)."""
         self._leftovers.free_all(self.path.parent)
-
-    def prepare_files(self) -> None:
-        """Makes the empty files the training thread's next record writes
-        go into (see `write_record`). Any thread (the run's); they stay
-        between runs of this folder, and go with it."""
-        with self._write_lock:
-            missing = _PREPARED_FILES - len(self._prepared)
-            if self.dir_fd < 0 or missing <= 0:
-                return
-            dir_fd = os.dup(self.dir_fd)  # the folder, even if sealed meanwhile: made without the lock
-        made = []
-        try:
-            for _ in range(missing):
-                made.append(make_empty_file(RECORD_NAME, dir_fd=dir_fd))
-        except OSError:
-            pass  # a full disk, say: those writes make their own files
-        try:
-            with self._write_lock:
-                # Kept only while a run of the folder is open: its end removes them. Sealed meanwhile (a
-                # previous run's thread doing this late, after the last run's end had removed its files),
-                # taken over or removed: nothing would take them or remove them.
-                if not self._released and self.dir_fd >= 0:
-                    self._prepared, made = self._prepared + made, []
-            for name in made:
-                os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            pass  # the folder went with them
-        finally:
-            os.close(dir_fd)
 
     def reopen(self, run_id: str) -> bool:
         """Takes the folder again for a new run of the same name and process
@@ -271,7 +218,6 @@ class RunFolder:
             except OSError:
                 return False
             self.run_id = run_id
-            self._sealed, self._free_at_seal = threading.Event(), False
             return True
 
     def seal(self) -> None:
@@ -282,50 +228,6 @@ class RunFolder:
                 os.close(self.dir_fd)
                 self.dir_fd = -1
                 self._sealed_at = time.monotonic()
-            sealed, free_now, self._free_at_seal = self._sealed, self._free_at_seal, False
-            sealed.set()
-        if free_now:
-            self._free_ended(sealed)
-
-    def last_chore(self) -> Callable[[], None]:
-        """The last chore of the run's thread for the run now ending
-        (`RunLifecycle.close` asks for it before it writes the last record):
-        `free_kept`, then, once the last record is written (`seal`), the
-        removal of what the run made that no write of it will take: the
-        replaced records kept for later and the empty files made ahead. The
-        folder then holds its lock and its record only. A run of the folder
-        reopened meanwhile keeps them (its own end removes them).
-
-        Done on the thread that seals (a run whose thread had ended), the
-        chore leaves that removal to `seal`, and never waits for itself.
-        """
-        sealed, closer = self._sealed, threading.get_ident()
-
-        def chore() -> None:
-            self.free_kept()
-            if threading.get_ident() == closer:
-                with self._write_lock:
-                    if not sealed.is_set():
-                        self._free_at_seal = sealed is self._sealed
-                        return
-            if sealed.wait(_LAST_RECORD_WAIT_SECONDS):
-                self._free_ended(sealed)
-
-        return chore
-
-    def _free_ended(self, sealed: threading.Event) -> None:
-        """Removes the empty files made ahead and the replaced records of the
-        run that `sealed` is of, unless the folder serves another run now."""
-        with self._write_lock:
-            if sealed is not self._sealed or self._released or self.dir_fd >= 0:
-                return  # reopened, released or taken over: not this run's to do
-            prepared, self._prepared = self._prepared, []
-        for name in prepared:
-            try:
-                os.unlink(self.path / name)
-            except OSError:
-                pass  # the folder went (released meanwhile)
-        self._leftovers.free_all(self.path.parent)
 
     def _wrote_what_is_there(self) -> bool:
         """True if the record on disk is the very file this run wrote last
@@ -368,15 +270,11 @@ class RunFolder:
             record = self._own_record()
             if record is not None:
                 keep_tombstone(self.path, record, prune=heir is None)  # a claim's run's thread bounds the history
-                trash = None if keep_folder else set_aside(self.path)  # with the replaced records in it
-                if keep_folder:
-                    heir._prepared, self._prepared = self._prepared, []
-                else:
-                    self._leftovers.forget_files()
+                trash = None if keep_folder else set_aside(self.path)
         if record is not None:
             (heir or self).remove_later(trash, prune_history=heir is not None)
         if heir is None:
-            self.free_replaced()
+            self.tidy_up()
         else:  # all of it, by the claim's run's thread: even what this run's thread had no time for
             self._leftovers.hand_to(heir._leftovers)
         return True
@@ -384,7 +282,7 @@ class RunFolder:
     def remove_later(self, trash: Path | None, prune_history: bool = False) -> None:
         """Leaves a folder set aside (`liveness.set_aside`; None: nothing was
         there) to `free_kept`, and with `prune_history`, bounding the history
-        (a tombstone kept without it) to `free_replaced`."""
+        (a tombstone kept without it) to `tidy_up`."""
         if trash is not None:
             self._leftovers.remove_later(trash)
         if prune_history:

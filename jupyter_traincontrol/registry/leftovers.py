@@ -4,7 +4,7 @@ Freeing a file or folder on ext4 costs a few tenths of a millisecond, and a
 sweep of the registry about a millisecond: in a loop of short fits, more
 than the rest of a run's opening and closing. A `RunFolder` notes such work
 in its `Leftovers` (a descriptor whose close frees a removed folder, a
-folder set aside, a replaced record, a sweep or a bound of the history);
+folder set aside, a sweep or a bound of the history);
 its run's thread does it (`free_kept`, `free_all`), and a claim of the
 same name takes over what an ended run had not done yet (`hand_to`).
 """
@@ -31,7 +31,6 @@ class Leftovers:
         self._lock = threading.Lock()
         self._descriptors: list[int] = []
         self._folders: list[Path] = []
-        self._files: list[Path] = []
         self._tidy = _NOTHING
 
     def close_later(self, fd: int) -> None:
@@ -44,16 +43,6 @@ class Leftovers:
         with self._lock:
             self._folders.append(folder)
 
-    def unlink_later(self, file: Path) -> None:
-        """Keeps `file` to unlink (a record's replaced file, under a second name)."""
-        with self._lock:
-            self._files.append(file)
-
-    def forget_files(self) -> None:
-        """Drops the files kept: their folder went (a folder set aside takes them)."""
-        with self._lock:
-            self._files = []
-
     def tidy_later(self, sweep: bool) -> None:
         """Keeps a sweep of dead runs (`sweep`), else a bound of the history, to do."""
         with self._lock:
@@ -62,11 +51,10 @@ class Leftovers:
     def hand_to(self, other: "Leftovers") -> None:
         """Leaves all that is kept to `other` (a new run's, which a claim frees a name for)."""
         with self._lock:
-            descriptors, folders, files, tidy = self._take()
+            descriptors, folders, tidy = self._take()
         with other._lock:
             other._descriptors += descriptors
             other._folders += folders
-            other._files += files
             other._tidy = max(other._tidy, tidy)
 
     def free_kept(self) -> None:
@@ -80,22 +68,16 @@ class Leftovers:
             shutil.rmtree(folder, ignore_errors=True)
 
     def free_all(self, registry: Path) -> None:
-        """`free_kept`, unlinks the files kept and tidies `registry` as asked. Any thread."""
+        """`free_kept`, and tidies `registry` as asked. Any thread."""
         self.free_kept()
         with self._lock:
-            files, self._files = self._files, []
             tidy, self._tidy = self._tidy, _NOTHING
         if tidy == _SWEEP:
             sweep_dead_runs(registry)
         elif tidy == _BOUND_HISTORY:
             remove_old_tombstones(registry)
-        for file in files:
-            try:
-                os.unlink(file)
-            except OSError:
-                pass  # the folder went away (released, or its name was taken over)
 
-    def _take(self) -> tuple[list[int], list[Path], list[Path], int]:
-        taken = self._descriptors, self._folders, self._files, self._tidy
-        self._descriptors, self._folders, self._files, self._tidy = [], [], [], _NOTHING
+    def _take(self) -> tuple[list[int], list[Path], int]:
+        taken = self._descriptors, self._folders, self._tidy
+        self._descriptors, self._folders, self._tidy = [], [], _NOTHING
         return taken

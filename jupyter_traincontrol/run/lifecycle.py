@@ -144,7 +144,7 @@ class RunLifecycle:
                 or not previous.reopen(self.run_id):  # an ended run of this object: its folder serves again
             self.forget()  # the record of an earlier, ended run of this object
             self._folder = RunFolder.claim_any(self._requested_name, self._registry, run_id=self.run_id,
-                                               sweep_later=True)  # by the run's thread (`free_replaced`)
+                                               sweep_later=True)  # by the run's thread (`tidy_up`)
         self.name = self._folder.name
         before = self.store  # this object's earlier run, if any: its line goes on (`keep` counts them together)
         self.store = CheckpointStore(  # the tool's own default folder is made private
@@ -174,12 +174,11 @@ class RunLifecycle:
             raise
         self.publisher = Publisher(self.publish, on_published=lambda: self.journal.notify(None))
         self._published_version = None
-        self.publish(force=True, keep_replaced=True)  # senders find the channel once `open` returns
+        self.publish(force=True)  # senders find the channel once `open` returns
         self._thread = RunThread(self.channel, self.publisher, name=self.name)
         self.publisher.start(wake=self.channel.wake)  # the run's thread waits in a read of its channel
         self._thread.start()  # one thread per run; started after the write, which it would slow
-        self.publisher.run_soon(self._folder.free_replaced)  # what this and earlier runs' ends replaced
-        self.publisher.run_soon(self._folder.prepare_files)  # for the record writes of this run's end and the next's start
+        self.publisher.run_soon(self._folder.tidy_up)  # what the claim left to it: a sweep, a folder set aside
         return self
 
     def close(self, final_state: RunState | str, error: str | None = None, end_reason: str | None = None) -> None:
@@ -211,7 +210,7 @@ class RunLifecycle:
             self.end_reason = end_reason or _default_end_reason(final_state)
             thread, self.channel, self._thread = self._thread, None, None
             self.unfollow()
-        chores = self.publisher.stop(then=self._folder.last_chore())  # first: nothing wakes the thread later
+        chores = self.publisher.stop(then=self._folder.free_kept)  # first: nothing wakes the thread later
         if thread is not None:  # the channel is removed now; the thread ends by itself, doing `chores`, while
             thread.end(last=chores)  # the last record is written (`publish` keeps the records in order)
         try:
@@ -240,7 +239,7 @@ class RunLifecycle:
     def _moved(self, state: RunState) -> None:
         self.journal.log("state", str(state))
         if state in FINAL_STATES:
-            self.publish(force=True, keep_replaced=True)  # the last record, before the folder is sealed
+            self.publish(force=True)  # the last record, before the folder is sealed
         else:
             self.publish_soon()  # by the run's thread, at once
 
@@ -346,10 +345,9 @@ class RunLifecycle:
             extras=self._record_fields,
         )
 
-    def publish(self, force: bool = False, keep_replaced: bool = False) -> bool:
+    def publish(self, force: bool = False) -> bool:
         """Writes the record if it changed since the last write and half a
-        second has passed (with `force`: now, if it changed; `keep_replaced`,
-        for the training thread: see `RunFolder.write_record`).
+        second has passed (with `force`: now, if it changed).
 
         Returns:
             True if the record was written.
@@ -363,7 +361,7 @@ class RunLifecycle:
             if version == self._published_version or not force and now - self._last_publish < PUBLISH_INTERVAL_SECONDS:
                 return False
             try:
-                folder.write_record(self.record(), keep_replaced)
+                folder.write_record(self.record())
             except OSError as error:
                 logger.warning("Could not write the record of run %r: %s", self.name, error)
                 return False

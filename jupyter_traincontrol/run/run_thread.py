@@ -79,10 +79,8 @@ class RunThread:
                 `close`, if the thread never ran).
         """
         with self._lock:
-            if self._stopped.is_set():
+            if not self._ask_to_stop(last):
                 return
-            self._last = last
-            self._stopped.set()
         self.channel.stop()
 
     def end(self, last: Callable[[], None] | None = None) -> None:
@@ -94,13 +92,22 @@ class RunThread:
         Args:
             last: As for `stop`.
         """
-        with self._lock:
+        with self._lock:  # the thread ends under it (`_done`): a thread alive now closes the channel itself
+            self._ask_to_stop(last)
             self._close_at_end = True
             done = self._done or self._thread.ident is None
-        self.stop(last)
-        self.channel.remove()
+            self.channel.remove()  # stopped first: the thread's read returns
         if done:  # the thread never started, or has ended: nothing else will
             self.close()
+
+    def _ask_to_stop(self, last: Callable[[], None] | None) -> bool:
+        """Under `_lock`: tells the thread to end, leaving it `last`; False
+        if it was told already."""
+        if self._stopped.is_set():
+            return False
+        self._last = last
+        self._stopped.set()
+        return True
 
     def close(self) -> None:
         """Stops the thread, joins it and closes the channel (removed from

@@ -29,7 +29,6 @@ __all__ = [
     "open_dir",
     "read_json",
     "write_json_atomic",
-    "make_empty_file",
     "json_text",
     "file_identity",
 ]
@@ -149,8 +148,7 @@ _MAKE_ATTEMPTS = 5
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None,
-                      into: str | None = None) -> tuple[int, int, int]:
+def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None) -> tuple[int, int, int]:
     """Writes `data` as JSON to `path` through a temporary file and a rename.
 
     Non-finite floats are written as ``null`` (see `json_safe`).
@@ -162,11 +160,6 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None,
             `path`'s last component is used, and nothing on the way is
             looked up again (a folder renamed or swapped meanwhile cannot
             redirect the write).
-        into: With `dir_fd`: the name of an empty file `make_empty_file`
-            made in that folder, written and renamed instead of a new
-            temporary file (creating a file is a good part of a small
-            write's time on ext4: 0.05-0.2 ms of 0.2-0.4). If it is gone
-            or not such a file, a new one is made as without it.
 
     Returns:
         The written file's identity (`file_identity`): while the file at
@@ -179,11 +172,8 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None,
     else:
         dir_fd_to_close = None
     try:
-        tmp = into
-        fd = _open_empty_file(tmp, dir_fd) if tmp is not None else None
-        if fd is None:
-            tmp = _temporary_name(path.name)
-            fd = os.open(tmp, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
+        tmp = _temporary_name(path.name)
+        fd = os.open(tmp, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
@@ -202,35 +192,8 @@ def write_json_atomic(path: Path, data: Any, *, dir_fd: int | None = None,
     return identity
 
 
-def make_empty_file(name: str, *, dir_fd: int) -> str:
-    """Creates an empty private file beside `name`, in the folder open as
-    `dir_fd`, for a later ``write_json_atomic(..., into=...)`` of `name`:
-    the slow part of that write, done ahead (by another thread).
-
-    Returns:
-        The new file's name (hidden, and a temporary file's, so readers
-        of the folder pass over it).
-    """
-    created = _temporary_name(name)
-    os.close(os.open(created, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd))
-    return created
-
-
 def _temporary_name(name: str) -> str:
     return f".{name}.{uuid.uuid4().hex}.tmp"
-
-
-def _open_empty_file(name: str, dir_fd: int) -> int | None:
-    """`name` opened for writing, if it is still an empty regular file with one name."""
-    try:
-        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_nlink == 1:
-        return fd
-    os.close(fd)
-    return None
 
 
 def json_text(data: Any) -> str:
