@@ -34,6 +34,7 @@ __all__ = [
     "REPO",
     "prepare_environment",
     "make_parser",
+    "add_backend_option",
     "parse_args",
     "scratch_folder",
     "rotation",
@@ -81,6 +82,13 @@ def make_parser(description: str, *, rounds: int, quick_rounds: int) -> argparse
     parser.add_argument("--dir", default=None, help="folder for scratch files (default: a new temporary folder)")
     parser.set_defaults(_rounds=(rounds, quick_rounds))
     return parser
+
+
+def add_backend_option(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--backend``: one Keras backend, by default ``KERAS_BACKEND``
+    (tensorflow where it is not set: `prepare_environment`)."""
+    parser.add_argument("--backend", default=os.environ["KERAS_BACKEND"], choices=("tensorflow", "jax", "torch"),
+                        help="the Keras backend (default: KERAS_BACKEND, else tensorflow)")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:

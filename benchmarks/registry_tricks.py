@@ -163,8 +163,7 @@ def measure(args) -> dict[str, dict[str, list[float]]]:
 
 def main(argv=None) -> int:
     parser = _common.make_parser(__doc__, rounds=200, quick_rounds=3)
-    parser.add_argument("--backend", default=os.environ["KERAS_BACKEND"], choices=("tensorflow", "jax", "torch"),
-                        help="the Keras backend (default: KERAS_BACKEND, else tensorflow)")
+    _common.add_backend_option(parser)
     args = _common.parse_args(parser, argv)
     results = measure(args)
     summary = []

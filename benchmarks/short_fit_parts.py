@@ -155,8 +155,7 @@ def measure(args) -> dict[str, list[float]]:
 
 def main(argv=None) -> int:
     parser = _common.make_parser(__doc__, rounds=300, quick_rounds=5)
-    parser.add_argument("--backend", default=os.environ["KERAS_BACKEND"], choices=("tensorflow", "jax", "torch"),
-                        help="the Keras backend (default: KERAS_BACKEND, else tensorflow)")
+    _common.add_backend_option(parser)
     args = _common.parse_args(parser, argv)
     per_fit = measure(args)
     medians = {label: _common.median(values) for label, values in per_fit.items()}
