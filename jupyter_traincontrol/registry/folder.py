@@ -202,7 +202,7 @@ class RunFolder:
     def tidy_up(self) -> None:
         """Frees what `free_kept` frees, and tidies the registry as `claim`
         or `remove_later` left it to (else the next sweep does). Any thread
-        (the run's, as the run opens and as it ends)."""
+        (the run's, soon after the run opens, or as it ends if that came first)."""
         self._leftovers.free_all(self.path.parent)
 
     def reopen(self, run_id: str) -> bool:
