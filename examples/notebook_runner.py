@@ -109,9 +109,23 @@ class KernelSession:
         self._early: list[dict] = []
 
     def execute(self, code: str, timeout: float = 120, wait: bool = True) -> CellOutputs | str:
-        """Runs a cell; with ``wait=False`` returns its msg_id at once."""
-        msg_id = self.kc.execute(code)
-        return self.collect(msg_id, timeout) if wait else msg_id
+        """Runs a cell; with ``wait=False`` returns its msg_id at once.
+
+        A cell sent just after another one failed may come back ``aborted``
+        unrun: the kernel drops what reaches it while it clears its queue
+        after an error (ipykernel's ``stop_on_error``; Colab's 6.17 does it
+        for a request that arrives in that moment). Such a cell is sent
+        again, until `timeout`.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            msg_id = self.kc.execute(code)
+            if not wait:
+                return msg_id
+            result = self.collect(msg_id, max(1.0, deadline - time.monotonic()))
+            if result.status != "aborted" or time.monotonic() >= deadline:
+                return result
+            time.sleep(0.05)
 
     def collect(self, msg_id: str, timeout: float = 120) -> CellOutputs:
         """Gathers a cell's iopub messages until it is idle, and its reply."""
@@ -145,7 +159,7 @@ class KernelSession:
         """Evaluates `expression` in the kernel; returns it through JSON."""
         result = self.execute(f"import json as _json; print(_json.dumps({expression}))", timeout=timeout)
         if result.status != "ok":
-            raise CellError(f"{expression!r} failed: {result.ename}: {result.evalue}")
+            raise CellError(f"{expression!r} failed ({result.status}): {result.ename}: {result.evalue}")
         return json.loads(result.stdout.strip().splitlines()[-1])
 
     def wait_for(self, expression: str, timeout: float = 60, interval: float = 0.2):
