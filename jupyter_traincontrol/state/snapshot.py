@@ -238,7 +238,7 @@ class ModelSnapshot:
             names = keras_internals.keras_file_names()
             archive.writestr(names.metadata, SnapshotLayout.metadata(self._saved_at))
             archive.writestr(names.config, config)
-            store = weights_store(archive)
+            store = weights_store(archive, names.weights)
             store.pace = self.pace
             try:
                 for inner_path, metadata, items in self._entries:

@@ -1,6 +1,6 @@
 """Keras's ``model.weights.h5`` writer, made fit for a background thread: `weights_store`.
 
-`weights_store(archive)` returns a subclass of Keras's ``H5IOStore``
+`weights_store(archive, name)` returns a subclass of Keras's ``H5IOStore``
 that writes the same HDF5 file into the ``.keras`` zip, with less of the
 interpreter lock and two copies fewer:
 
@@ -37,14 +37,15 @@ _PLACED_BYTES = 64 << 10
 _STORE_CLASS = None
 
 
-def weights_store(archive):
-    """A store writing ``model.weights.h5`` into `archive` (a zip open for
-    writing): Keras's ``H5IOStore`` interface (``make``, ``store[key] =
+def weights_store(archive, name: str):
+    """A store writing the weights file `name` (``model.weights.h5``: the
+    caller's `keras_internals.keras_file_names`) into `archive` (a zip open
+    for writing): Keras's ``H5IOStore`` interface (``make``, ``store[key] =
     value``, ``close``), and a ``pace`` attribute (None: no pauses)."""
     global _STORE_CLASS
     if _STORE_CLASS is None:
         _STORE_CLASS = _make_store_class()
-    return _STORE_CLASS(keras_internals.keras_file_names().weights, archive=archive, mode="w")
+    return _STORE_CLASS(name, archive=archive, mode="w")
 
 
 def _make_store_class():
