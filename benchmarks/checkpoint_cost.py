@@ -106,7 +106,7 @@ def measure_hold_times(model, folder: Path, rounds: int, written_back: bool, bac
     import numpy as np
 
     from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.transport.send import deliver
+    from jupyter_traincontrol.transport.channels import deliver
 
     schedule = _common.rotation(list(VARIANTS), rounds, warmup=1)
     control = ControlCallback(name="bench-checkpoint", checkpoint_dir=folder / "checkpoints", keep=keep, verbose=False,
@@ -247,7 +247,7 @@ def measure_memory(model, folder: Path) -> dict[str, float]:
     import numpy as np
 
     from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.transport.send import deliver
+    from jupyter_traincontrol.transport.channels import deliver
 
     control = ControlCallback(name="bench-memory", checkpoint_dir=folder / "checkpoints", keep=3, verbose=False,
                               handle_sigint=False, save_at_end=False)

@@ -198,7 +198,7 @@ def measure(model, folder: Path, rounds: int, written_back: bool, keep: int = 3)
     import numpy as np
 
     from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.transport.send import deliver
+    from jupyter_traincontrol.transport.channels import deliver
 
     peer = make_peer(model, folder / "peer", keep)
     if peer is None:

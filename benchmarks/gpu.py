@@ -151,7 +151,7 @@ def stop_latency(folder: Path, stops: int, quick: bool, seed: int) -> list[float
     import numpy as np
 
     from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.transport.send import deliver
+    from jupyter_traincontrol.transport.channels import deliver
 
     rng = np.random.default_rng(seed)
     x = rng.random((40 * BATCH_SIZE, FEATURES), dtype="float32")

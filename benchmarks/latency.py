@@ -130,7 +130,7 @@ def run_fit(model, x, y, batch_size, order, rng, spread_s, folder) -> dict[str, 
         between two boundaries.
     """
     from jupyter_traincontrol import ControlCallback
-    from jupyter_traincontrol.transport.send import deliver
+    from jupyter_traincontrol.transport.channels import deliver
 
     control = ControlCallback(save_at_end=False, name="bench-latency", checkpoint_dir=folder, verbose=False, handle_sigint=False)
     recorder = EventRecorder()

@@ -22,7 +22,7 @@ import pytest
 from driving import BATCH, fit
 from helpers import At, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.transport.send import deliver
+from jupyter_traincontrol.transport.channels import deliver
 
 
 

@@ -16,7 +16,7 @@ import driving
 from driving import abort_run, guarded
 from helpers import At, press_ctrl_c_twice_the_second_in_a_gc_callback, read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.transport.send import NotListeningError, deliver
+from jupyter_traincontrol.transport.channels import NotListeningError, deliver
 from jupyter_traincontrol.registry import NameTakenError, find_run, list_runs
 
 EPOCHS = 4

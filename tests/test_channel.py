@@ -13,9 +13,8 @@ import pytest
 
 from helpers import wait_drained, wait_until
 from jupyter_traincontrol.run.run_thread import RunThread
-from jupyter_traincontrol.transport.channels import open_channel
 from jupyter_traincontrol.transport.fifo import FIFO_NAME
-from jupyter_traincontrol.transport.send import NotListeningError, deliver
+from jupyter_traincontrol.transport.channels import NotListeningError, deliver, open_channel
 from jupyter_traincontrol.protocol import Command
 from jupyter_traincontrol.system.private_fs import UnsafePathError
 

@@ -19,7 +19,7 @@ import driving
 from helpers import At, EventLog, TESTS_DIR, child_env, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.system.private_fs import make_private_dirs
-from jupyter_traincontrol.transport.send import deliver
+from jupyter_traincontrol.transport.channels import deliver
 from jupyter_traincontrol.checkpoint import (
     LOCK_FILE,
     CheckpointDirBusyError,

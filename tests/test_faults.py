@@ -38,7 +38,7 @@ from driving import BATCH, drive_fit
 from helpers import assert_finite_weights
 from helpers import PROGRAMS, REPO, At, EventLog, child_env, run_program, wait_drained, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.transport.send import NotListeningError, deliver
+from jupyter_traincontrol.transport.channels import NotListeningError, deliver
 from jupyter_traincontrol.checkpoint import LOCK_FILE, CheckpointStore, TrainingPosition
 from jupyter_traincontrol.protocol import LineDecoder
 from jupyter_traincontrol.system.private_fs import UnsafePathError

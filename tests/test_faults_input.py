@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from helpers import At, cli, wait_threads_ended, wait_until
 from jupyter_traincontrol import ControlCallback
 from jupyter_traincontrol.transport.fifo import FIFO_NAME
-from jupyter_traincontrol.transport.send import NotListeningError, deliver
+from jupyter_traincontrol.transport.channels import NotListeningError, deliver
 from jupyter_traincontrol.control.client import send, wait_for_ack
 from jupyter_traincontrol.boundary.progress import TrainingProgress
 from jupyter_traincontrol.run import RunLifecycle

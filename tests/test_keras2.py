@@ -25,7 +25,7 @@ from jupyter_traincontrol.fit.keras2 import NOTICE
 from jupyter_traincontrol.notebook.fit_hook import FitInterceptor, intercept_fit
 from jupyter_traincontrol.protocol import parse_request
 from jupyter_traincontrol.registry import find_run
-from jupyter_traincontrol.transport.send import deliver, with_id
+from jupyter_traincontrol.transport.channels import deliver, with_id
 from kernel_harness import RUN
 
 if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):

@@ -19,7 +19,7 @@ import pytest
 from helpers import wait_threads_ended, wait_until
 
 from jupyter_traincontrol.system.private_fs import UnsafePathError
-from jupyter_traincontrol.registry.leftovers import Leftovers
+from jupyter_traincontrol.registry.folder import Leftovers
 from jupyter_traincontrol.registry.paths import CLAIM_PREFIX
 from jupyter_traincontrol.registry import (
     NameTakenError,
@@ -533,7 +533,7 @@ def test_a_claim_of_an_ended_run_of_this_process_takes_its_folder_over_and_leave
     no folder removed); bounding the history and the claim's sweep of dead
     runs (about 0.3 ms) are left to the new run's thread."""
     from jupyter_traincontrol.protocol import RunState
-    from jupyter_traincontrol.registry import folder as folder_module, leftovers, liveness, tombstones
+    from jupyter_traincontrol.registry import folder as folder_module, liveness, tombstones
     from jupyter_traincontrol.run import RunLifecycle
 
     first = RunLifecycle("again", tmp_path / "a").open()
@@ -543,15 +543,14 @@ def test_a_claim_of_an_ended_run_of_this_process_takes_its_folder_over_and_leave
     old_folder = first._folder.path.stat().st_ino
 
     staged, pruned_by, swept_by = [], [], []
-    mkdtemp, prune, sweep = folder_module.tempfile.mkdtemp, tombstones.remove_old_tombstones, leftovers.sweep_dead_runs
-    for module in (leftovers, liveness):  # bounded alone, or by the sweep
+    mkdtemp, prune, sweep = folder_module.tempfile.mkdtemp, tombstones.remove_old_tombstones, folder_module.sweep_dead_runs
+    for module in (folder_module, liveness):  # bounded alone, or by the sweep
         monkeypatch.setattr(module, "remove_old_tombstones",
                             lambda root: pruned_by.append(threading.current_thread().name) or prune(root))
     monkeypatch.setattr(tombstones, "remove_old_tombstones",  # as the ended run's record becomes a tombstone
                         lambda root: pruned_by.append("keep_tombstone") or prune(root))
-    monkeypatch.setattr(leftovers, "sweep_dead_runs",
+    monkeypatch.setattr(folder_module, "sweep_dead_runs",  # by the claim (this thread) or the run's thread
                         lambda root: swept_by.append(threading.current_thread().name) or sweep(root))
-    monkeypatch.setattr(folder_module, "sweep_dead_runs", lambda root: swept_by.append("claim") or sweep(root))
     monkeypatch.setattr(folder_module.tempfile, "mkdtemp", lambda **kw: staged.append(1) or mkdtemp(**kw))
     second = RunLifecycle("again", tmp_path / "b").open()
     try:

@@ -11,7 +11,7 @@ from helpers import read_sidecar, wait_until
 from jupyter_traincontrol import ControlCallback, RunLifecycle
 from jupyter_traincontrol.checkpoint import CheckpointDirBusyError
 from jupyter_traincontrol.registry import find_run
-from jupyter_traincontrol.transport.send import deliver
+from jupyter_traincontrol.transport.channels import deliver
 
 #: `tiny_data` in batches of 8.
 BATCHES = 8

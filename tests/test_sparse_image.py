@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from jupyter_traincontrol.state.sparse_image import SparseImage, allocate, placeable
+from jupyter_traincontrol.state.h5image import SparseImage, allocate, placeable
 
 
 def test_written_bytes_read_back_and_the_gaps_read_as_zeros():

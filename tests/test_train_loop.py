@@ -22,7 +22,7 @@ from helpers import (PROGRAMS, TrainingProcess, cli, press_ctrl_c_twice_the_seco
                      run_program, wait_threads_ended, wait_until)
 from jupyter_traincontrol import TrainLoop
 from jupyter_traincontrol.registry import find_run
-from jupyter_traincontrol.transport.send import deliver
+from jupyter_traincontrol.transport.channels import deliver
 
 LOOP = str(PROGRAMS / "custom_loop.py")
 ITEMS = 8  # custom_loop.py's items an epoch

@@ -186,3 +186,27 @@ def test_a_driver_that_fails_to_open_leaves_the_run_failed_and_nothing_behind(tm
         driver.train(epochs=1)
     assert run.state is RunState.FAILED
     assert "Could not start: no steering here" in find_run("broken")["error"]
+
+
+def test_a_runs_state_moves_only_along_the_transition_table(tmp_path):
+    """`RunLifecycle.move_to`: a move the table allows is logged and published, a move
+    to the state the run is in changes nothing, and one the table forbids raises and
+    leaves the state as it was."""
+    from jupyter_traincontrol.protocol import InvalidTransitionError
+
+    run = RunLifecycle("moves", tmp_path / "ckpt").open()
+    try:
+        assert run.state is RunState.STARTING
+        assert run.move_to("running") is True and run.move_to(RunState.RUNNING) is False
+        with pytest.raises(InvalidTransitionError, match="A run that is running cannot become starting"):
+            run.move_to(RunState.STARTING)
+        with pytest.raises(ValueError, match="sleeping"):
+            run.move_to("sleeping")
+        assert run.state is RunState.RUNNING
+        assert [event["message"] for event in run.journal.events if event["kind"] == "state"] == ["running"]
+        wait_until(lambda: find_run("moves")["state"] == "running", timeout=5, message="the move published")
+    finally:
+        run.close(RunState.FINISHED)
+    assert run.state is RunState.FINISHED and not run.is_open
+    with pytest.raises(InvalidTransitionError, match="finished cannot become running"):
+        run.move_to("running")

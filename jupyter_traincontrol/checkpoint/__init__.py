@@ -2,9 +2,10 @@
 
 - `records`: what a checkpoint is in memory (`Checkpoint`, `TrainingPosition`)
   and the store's errors.
-- `sidecar`: the sidecar's format: its writer and its strict reader.
-- `folder`: holding the folder (its OS lock, the intent record, recovery).
-- `scan`: which files of a folder are whose complete checkpoints.
+- `sidecar`: the sidecar's format (its writer and its strict reader), and
+  the model part it describes (a file or a folder, measured and removed).
+- `folder`: holding the folder (its OS lock, the intent record, recovery),
+  and which of its files are whose complete checkpoints (`scan`).
 - `commit`: staging, renames with the sidecar last, flushing and pruning.
 - `store`: `CheckpointStore`, the checkpoints of one run in one folder.
 - `writer`: `CheckpointWriter`, one background write at a time.

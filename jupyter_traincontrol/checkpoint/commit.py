@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .folder import STAGING_PREFIX, CheckpointFolder
-from .parts import part_size, remove_part, sidecar_of
 from .records import Checkpoint
-from .sidecar import DEFAULT_RUN
+from .sidecar import DEFAULT_RUN, part_size, remove_part, sidecar_of
 
 __all__ = ["Committer", "AUTOSAVE_REASON", "AUTOSAVES_KEPT", "retained"]
 

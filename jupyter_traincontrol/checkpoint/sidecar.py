@@ -8,16 +8,23 @@ is what makes a file in the folder a checkpoint of ours. `build_sidecar`
 writes one; `parse_sidecar` accepts a sidecar only if every field is what
 `build_sidecar` writes, and raises `MalformedSidecarError` (only that) for
 anything else.
+
+The part is whatever its source writes at a path with ``save(path)``: a
+Keras model or snapshot writes a ``.keras`` file, PyTorch state dicts a
+``.pt`` file, the user's own ``save=`` a ``.ckpt`` folder of files
+(`PART_SUFFIXES`). `sidecar_of` names a part's sidecar; `part_size` and
+`remove_part` measure and remove a part, file or folder alike, through the
+checkpoint folder's descriptor and never through a symlink.
 """
 
 from __future__ import annotations
-
 
 import datetime
 import json
 import math
 import os
 import re
+import shutil
 import stat
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,7 +33,7 @@ from ..protocol.values import finite_metrics, json_safe
 from .records import DEFAULT_RUN, MalformedSidecarError, TrainingPosition
 
 __all__ = ["SIDECAR_FORMAT", "TOOL", "DEFAULT_RUN", "PART_SUFFIXES", "build_sidecar", "parse_sidecar", "read_sidecar",
-           "check_run_name"]
+           "check_run_name", "is_folder_part", "sidecar_of", "part_size", "remove_part"]
 
 SIDECAR_FORMAT = 2
 #: The tool's marker in every sidecar and lock record it writes.
@@ -39,6 +46,44 @@ _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 #: file, PyTorch state dicts in a ``.pt`` file, or a ``.ckpt`` folder that the
 #: user's own ``save=`` wrote.
 PART_SUFFIXES = {".keras": "file", ".pt": "file", ".ckpt": "folder"}
+
+
+# The model part --------------------------------------------------------------
+
+
+def is_folder_part(name: str) -> bool:
+    """True if a part of this name is a folder (``.ckpt``)."""
+    return PART_SUFFIXES.get(os.path.splitext(name)[1]) == "folder"
+
+
+def sidecar_of(name: str) -> str:
+    """The sidecar's name of part `name`: ``ckpt-...-step000010.json``."""
+    return os.path.splitext(name)[0] + ".json"
+
+
+def part_size(dir_fd: int, name: str, st: os.stat_result | None = None) -> int:
+    """Bytes of the part `name`: a file's size, or the sum of the regular
+    files' sizes in a folder, however deep (symlinks not followed)."""
+    st = st or os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    total = 0
+    for _root, _dirs, files, root_fd in os.fwalk(name, dir_fd=dir_fd, follow_symlinks=False):
+        for file in files:
+            entry = os.stat(file, dir_fd=root_fd, follow_symlinks=False)
+            if stat.S_ISREG(entry.st_mode):
+                total += entry.st_size
+    return total
+
+
+def remove_part(dir_fd: int, name: str) -> None:
+    """Removes the part `name`: a file, or a folder and all it holds (a
+    symlink inside is removed, never followed)."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)
+    else:
+        os.unlink(name, dir_fd=dir_fd)
 
 
 # The sidecar writer -----------------------------------------------------------

@@ -65,7 +65,7 @@ from typing import Any, Callable, Mapping
 
 from ..system.private_fs import exists_at
 from .commit import AUTOSAVE_REASON, Committer
-from .folder import LOCK_FILE, CheckpointFolder
+from .folder import LOCK_FILE, OUR_NAME, CheckpointFolder, Scan, scan
 from .records import (
     Checkpoint,
     CheckpointDirError,
@@ -74,7 +74,6 @@ from .records import (
     SkippedCheckpoint,
     TrainingPosition,
 )
-from .scan import OUR_NAME, Scan, scan
 from .sidecar import DEFAULT_RUN, build_sidecar
 
 __all__ = ["CheckpointStore", "LOCK_FILE"]

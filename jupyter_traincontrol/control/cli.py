@@ -35,7 +35,7 @@ from ..protocol import COMMAND_HELP, COMMAND_NAMES, UnknownCommandError, resume_
 from ..registry import RunNotFoundError, list_runs
 from ..system.private_fs import UnsafePathError
 from ..system.processes import pid_gone
-from ..transport.send import ChannelError, NotListeningError
+from ..transport.channels import ChannelError, NotListeningError
 from .client import CommandFailedError, public_record, send, wait_for_ack
 
 __all__ = ["main", "format_table"]

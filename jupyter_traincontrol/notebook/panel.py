@@ -32,7 +32,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..protocol import COMMAND_HELP, FINAL_STATES, Command, UnknownCommandError, allowed_commands, parse_request
-from ..transport.send import NotListeningError
+from ..transport.channels import NotListeningError
 from . import front_end_notes
 from .chart_svg import loss_chart_svg
 from .click_notes import ClickNotes

@@ -33,7 +33,7 @@ from ..boundary.safeguards import DEFAULT_AUTOSAVE_SECONDS
 from ..fit import watchdog
 from ..protocol import ACTIVE_STATES, FINAL_STATES, Command, Request, RunState, final_state, parse_command
 from ..run import RunLifecycle, scoped
-from ..transport.send import with_id
+from ..transport.channels import with_id
 from .drivers import CellDrivers
 from .fit_hook import FitInterceptor, intercept_fit
 from .output import OutputBuffer, route_thread_output

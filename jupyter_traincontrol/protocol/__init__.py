@@ -1,20 +1,20 @@
 """The protocol: pure vocabulary and formats, no I/O.
 
-- `commands`: the command words, their help, the request grammar, and who
-  sent a request, in words.
+- `commands`: the command words, their help, the request grammar, a
+  request as a line both ways (`LineDecoder`: a byte stream into requests),
+  and who sent a request, in words.
 - `states`: run states, which commands make sense in each, the transitions,
   and how a run ended (``end_reason``).
-- `framing`: a byte stream into request lines.
 - `record`: the fields of a run record, for its writer and its readers.
 - `values`: numbers as JSON carries them (NaN as null).
 
 Every other layer builds on this one; it imports nothing of the package.
 """
 
-from .commands import (COMMAND_HELP, COMMAND_NAMES, MAX_ROLLBACK_DEPTH, TUNABLE_ALIASES, Command, Request,
-                       UnknownCommandError, WAITED_ID_MARK, assignments, is_interrupt, is_waited_id, parse_command,
-                       parse_request, rollback_depth, sender_words, shorten, validate_tunable_name)
-from .framing import MAX_LINE_BYTES, LineDecoder, Rejected
+from .commands import (COMMAND_HELP, COMMAND_NAMES, MAX_LINE_BYTES, MAX_ROLLBACK_DEPTH, TUNABLE_ALIASES, Command,
+                       LineDecoder, Rejected, Request, UnknownCommandError, WAITED_ID_MARK, assignments, is_interrupt,
+                       is_waited_id, parse_command, parse_request, rollback_depth, sender_words, shorten,
+                       validate_tunable_name)
 from .states import (ACTIVE_STATES, END_REASONS, FINAL_STATES, TRANSITIONS, InvalidTransitionError, RunState,
                      allowed_commands, as_state, end_reason, final_state, resume_hint)
 

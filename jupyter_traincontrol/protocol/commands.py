@@ -4,11 +4,18 @@ This is the one place that knows the command words and what each one does
 (the help table the CLI, the notebook panel and the REST API show), and the
 grammar of a request line: ``WORD [ARGUMENT ...] [#ID]``, for example
 ``stop``, ``set lr=1e-4`` or ``save #k3x9``. Pure: it parses and validates,
-and does no I/O. `framing` splits a byte stream into such lines; `states`
-says which commands make sense in which run state.
+and does no I/O. `states` says which commands make sense in which run state.
+
+Commands travel as text lines, UTF-8, one command a line, so that
+``echo stop > FIFO`` works from any shell. `Request.encode_line` writes one;
+`LineDecoder` reads a byte stream back into requests whatever the writes
+look like: it joins a line split across several reads, splits several lines
+of one read, and turns anything that is not a command (unknown words,
+invalid UTF-8, binary garbage, overlong lines) into a `Rejected` without
+losing the next line.
 
 A request id starts with the word of its sender (``cli-3f2a...``, see
-`transport.send.with_id`). `sender_words` turns it into what a person
+`transport.channels.with_id`). `sender_words` turns it into what a person
 reads in a run's log ("by cli", "by the side panel"); the id itself stays
 in the record's ``acks``, where ``send --wait`` looks for it.
 
@@ -18,6 +25,11 @@ Example:
 Request(command=<Command.SET: 'set'>, args=('learning_rate=0.0001',), request_id='a1')
 >>> sender_words("rest-0a1b2c3d4e5f")
 'the side panel'
+>>> decoder = LineDecoder()
+>>> decoder.feed(b"sto")
+[]
+>>> decoder.feed(b"p\\nbogus\\n")
+[Request(command=<Command.STOP: 'stop'>, args=(), request_id=None), Rejected(text='bogus', reason="Unknown command 'bogus'. Expected one of: stop, save, abort, pause, resume, set, rollback.")]
 """
 
 from __future__ import annotations
@@ -45,6 +57,9 @@ __all__ = [
     "sender_of",
     "sender_words",
     "is_interrupt",
+    "LineDecoder",
+    "Rejected",
+    "MAX_LINE_BYTES",
 ]
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -331,3 +346,134 @@ def shorten(text: str, limit: int = 40) -> str:
     """Outside text as quoted in messages: at most `limit` characters."""
     text = str(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Lines on the wire ----------------------------------------------------------------------------------------
+
+#: Longest line the decoder accepts. Longer lines are rejected whole.
+MAX_LINE_BYTES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """A line read from a channel that is not a valid command.
+
+    Attributes:
+        text: A printable, shortened rendering of what was received.
+        reason: Why it was rejected, in words meant for a person.
+    """
+
+    text: str
+    reason: str
+
+
+
+class LineDecoder:
+    """Splits a byte stream into commands, whatever the writes look like.
+
+    A line split across several writes is joined; several lines in one write
+    are split. Blank lines are ignored. Everything else that is not a command
+    (unknown words, invalid UTF-8, binary garbage, lines longer than
+    `MAX_LINE_BYTES`) comes out as `Rejected`, and decoding goes on with the
+    next line.
+    """
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES):
+        self._max_line_bytes = max_line_bytes
+        self._pending = bytearray()
+        self._earlier = 0  # bytes of the pending line that came in earlier feeds
+        self._discarding = False
+        self._discarded = 0
+
+    def feed(self, data: bytes) -> list[Request | Rejected]:
+        """Decodes a chunk of bytes.
+
+        Args:
+            data: Bytes as read from the channel, in any chunking.
+
+        Returns:
+            The commands and rejections of the lines completed by `data`, in
+            order. An incomplete last line is kept for the next call.
+        """
+        results: list[Request | Rejected] = []
+        self._earlier = len(self._pending)
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                self._keep(data[start:])
+                return results
+            self._keep(data[start:end])
+            results.extend(self._finish_line())
+            self._earlier = 0
+            start = end + 1
+
+    def flush(self) -> list[Request | Rejected]:
+        """Decodes what is left when the writer is gone, without a newline."""
+        results = self._finish_line()
+        self._earlier = 0
+        return results
+
+    def _keep(self, chunk: bytes) -> None:
+        if self._discarding:
+            self._discarded += len(chunk)
+            return
+        self._pending += chunk
+        if len(self._pending) > self._max_line_bytes:
+            self._discarding = True
+            self._discarded = len(self._pending)
+            self._pending.clear()
+
+    def _finish_line(self) -> list[Request | Rejected]:
+        if self._discarding:
+            size, self._discarding, self._discarded = self._discarded, False, 0
+            return [
+                Rejected(
+                    text=f"<{size} bytes>",
+                    reason=(
+                        f"Line of {size} bytes is too long "
+                        f"(at most {self._max_line_bytes}); ignored."
+                    ),
+                )
+            ]
+        raw = bytes(self._pending)
+        self._pending.clear()
+        result = _decode_line(raw)
+        if not isinstance(result, Rejected) or not 0 < self._earlier < len(raw):
+            return [] if result is None else [result]
+        # The line began in an earlier read and is not a command as a whole.
+        # Writers send whole lines in one atomic write, so the likely story is
+        # a writer that died mid-line followed by a healthy one: keep the
+        # healthy command rather than losing it with the remnant.
+        tail = _decode_line(raw[self._earlier :])
+        if not isinstance(tail, Request):
+            return [result]
+        remnant = raw[: self._earlier].decode("utf-8", "backslashreplace")
+        return [
+            Rejected(
+                text=_printable(remnant),
+                reason="Incomplete line (its writer stopped mid-line); ignored.",
+            ),
+            tail,
+        ]
+
+
+def _printable(text: str) -> str:
+    return shorten(text.strip().encode("unicode_escape").decode("ascii"))
+
+
+def _decode_line(raw: bytes) -> Request | Rejected | None:
+    """Decodes one line without its newline; None for a blank line."""
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return Rejected(
+            text=_printable(raw.decode("utf-8", "backslashreplace")),
+            reason="Line is not valid UTF-8; ignored.",
+        )
+    try:
+        return parse_request(text)
+    except UnknownCommandError as error:
+        return Rejected(text=_printable(text), reason=str(error))

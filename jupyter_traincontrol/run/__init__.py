@@ -1,7 +1,7 @@
-"""A run without Keras: identity, state machine, journal, history, progress, record.
+"""A run without Keras: identity, state, journal, history, progress, record.
 
-- `lifecycle`: `RunLifecycle`, which opens and closes a run and holds its parts.
-- `state_machine`: the run's state, moved along the transition table.
+- `lifecycle`: `RunLifecycle`, which opens and closes a run, moves its
+  state along the transition table and holds its parts.
 - `journal`: events, acknowledgements of requests, steered changes; `say`, the one line a run prints for its user.
 - `history`: the loss per batch and each epoch's logs (`loss_curve`).
 - `progress`: `RunProgress`, what the driver of the training reports.

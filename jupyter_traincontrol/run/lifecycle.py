@@ -6,14 +6,15 @@
   lock), and its checkpoint store (the same ``run_id`` in every sidecar);
 - `channel`: the command channel (a FIFO), read by the run's thread
   (`run_thread.RunThread`), which also ticks the `publisher`;
-- `states`: the `StateMachine`, moved only along the transition table;
+- its state (`state`), moved only along `protocol.states.TRANSITIONS`
+  (`move_to`, the one way a run changes state, from the training thread or
+  whichever thread ends the run), each move logged and published at once;
 - `journal`: the log of events, acknowledgements and changes;
 - `history` (the loss per batch, each epoch's logs) and the progress the training's driver reports (`follow`);
 - the record (`build_record`): written at once on a state change or an
   answered command, else at most twice a second, by its `publisher`.
 
-Other parts get the part they need (the boundary layer logs to `journal`
-and moves `states`). It serves `ControlCallback`, `TrainLoop` and `TrainingRun`.
+Other parts get the part they need (the boundary layer logs to `journal`). It serves `ControlCallback`, `TrainLoop` and `TrainingRun`.
 
 Example:
 
@@ -34,18 +35,17 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, CheckpointStore
-from ..protocol import END_REASONS, FINAL_STATES, Command, Rejected, Request, RunState, as_state, end_reason
+from ..protocol import (END_REASONS, FINAL_STATES, TRANSITIONS, Command, InvalidTransitionError, Rejected, Request,
+                        RunState, as_state, end_reason)
 from ..registry import RunFolder, validate_name
-from ..transport.channels import open_channel
 from ..transport.receiver import CommandChannel
-from ..transport.send import ChannelError, NotListeningError, deliver, with_id
+from ..transport.channels import ChannelError, NotListeningError, deliver, open_channel, with_id
 from .history import RunHistory
 from .journal import Journal, Listener, RunEvent
 from .progress import ProgressSource, RunProgress
 from .publisher import PUBLISH_INTERVAL_SECONDS, Publisher
 from .record import RecordFields, build_record
 from .run_thread import RunThread
-from .state_machine import StateMachine
 
 __all__ = ["RunLifecycle", "RunEvent", "earlier_run_words"]
 
@@ -98,7 +98,8 @@ class RunLifecycle:
         self._folder: RunFolder | None = None
         self._lock = threading.RLock()
         self._publish_lock = threading.RLock()  # re-entrant: defensive, as `RunFolder.write_record`
-        self.states = StateMachine(on_move=self._moved)
+        self._state = RunState.STARTING
+        self._state_lock = threading.RLock()
         self.journal = Journal(lambda: self.name, owner=self)
         self.history = RunHistory()
         self._source: ProgressSource | None = None
@@ -117,7 +118,7 @@ class RunLifecycle:
     @property
     def is_open(self) -> bool:
         """True between `open` and `close`."""
-        return self._folder is not None and not self.states.ended
+        return self._folder is not None and self._state not in FINAL_STATES
 
     def rename(self, name: str) -> None:
         """Gives the run another name before it opens (a job's processes
@@ -157,7 +158,8 @@ class RunLifecycle:
         self.store.list()  # what the folder holds of this name already
         self.started, self.ended, self.error, self.end_reason = time.time(), None, None, None
         self._stopped_by = None
-        self.states.reset()
+        with self._state_lock:
+            self._state = RunState.STARTING  # a new run of the same object: not a move
         self.journal.clear()
         self.history = RunHistory()
         self._source, self._last_progress = None, RunProgress()
@@ -229,19 +231,34 @@ class RunLifecycle:
     @property
     def state(self) -> RunState:
         """The run's `RunState`."""
-        return self.states.state
+        return self._state
 
     def move_to(self, state: RunState | str) -> bool:
-        """Moves the run to `state` (see `StateMachine.move_to`); logged and
-        published at once."""
-        return self.states.move_to(state)
+        """Moves the run to `state`, logged and published at once.
 
-    def _moved(self, state: RunState) -> None:
+        Returns:
+            True if it moved; False if it was in `state` already.
+
+        Raises:
+            InvalidTransitionError: If `TRANSITIONS` has no such move (an
+                ended run, say); the state is unchanged.
+            ValueError: If `state` is not a state.
+        """
+        if not isinstance(state, RunState):
+            state = as_state(state)
+        with self._state_lock:
+            current = self._state
+            if state == current:
+                return False
+            if state not in TRANSITIONS.get(current, ()):
+                raise InvalidTransitionError(f"A run that is {current} cannot become {state}.")
+            self._state = state
         self.journal.log("state", str(state))
         if state in FINAL_STATES:
             self.publish(force=True)  # the last record, before the folder is sealed
         else:
             self.publish_soon()  # by the run's thread, at once
+        return True
 
     def _on_rejected(self, rejected: Rejected) -> None:
         self.journal.log("rejected", f"{rejected.text}: {rejected.reason}")
@@ -390,7 +407,7 @@ class RunLifecycle:
 
     def send(self, command: str | Command | Request, sender: str | None = "notebook", *, direct: bool = False) -> Request:
         """Sends a command to this run through its channel, like any writer
-        (`transport.send.deliver`, with a request id the run acknowledges).
+        (`transport.channels.deliver`, with a request id the run acknowledges).
 
         If the channel cannot take it this instant (its FIFO being
         re-created, say), the request is queued directly: an in-process

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..checkpoint import Checkpoint, CheckpointError, NonFiniteStateError
-from .arrays import is_finite
+from .frozen import is_finite
 
 __all__ = ["Keras2State", "is_keras2_model"]
 

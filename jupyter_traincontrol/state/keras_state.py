@@ -29,8 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..checkpoint import Checkpoint, CheckpointError, NonFiniteStateError
-from .arrays import is_finite
-from .frozen import Late, copies_in_place
+from .frozen import Late, copies_in_place, is_finite
 from .layout import SnapshotLayout
 from .snapshot import ModelSnapshot, SnapshotBuffers
 

@@ -69,10 +69,9 @@ from typing import Any, Callable
 
 from ..checkpoint import NonFiniteStateError
 from . import keras_internals
-from .arrays import is_finite
-from .frozen import Late, MakeLate, as_host_array, late_json, nbytes_of, values_for_snapshot
+from .frozen import Late, MakeLate, as_host_array, is_finite, late_json, nbytes_of, values_for_snapshot
 from .layout import SnapshotLayout
-from .weights_store import weights_store
+from .h5image import weights_store
 
 __all__ = ["ModelSnapshot", "SnapshotBuffers"]
 

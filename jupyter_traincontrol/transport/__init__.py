@@ -3,6 +3,7 @@
 - `receiver`: the queue that `read` fills (the base of both kinds); the
   channel only reads, on the thread its run gives it (`run.run_thread`).
 - `fifo`, `spool`: a FIFO, or a spool folder where there are no FIFOs.
-- `channels`: opening a run's channel; where to write to the run of a record.
-- `send`: `deliver`, the function every sender writes a command with.
+- `channels`: a run's channel from the outside: where each kind lives in a
+  run folder, opening a run's, and `deliver`, the function every sender
+  writes a command with.
 """

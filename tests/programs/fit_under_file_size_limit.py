@@ -9,7 +9,7 @@ import json, os, resource, signal, sys, threading
 import numpy as np
 from helpers import At, EventLog, build_model, wait_until
 from jupyter_traincontrol import ControlCallback
-from jupyter_traincontrol.transport.send import deliver
+from jupyter_traincontrol.transport.channels import deliver
 from jupyter_traincontrol.protocol import Command
 
 WAIT = 60  # seconds: the first save and the steps, under a loaded test run

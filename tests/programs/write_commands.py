@@ -4,7 +4,7 @@ Usage: python write_commands.py FIFO WORD,WORD,...
 """
 
 import sys
-from jupyter_traincontrol.transport.send import deliver
+from jupyter_traincontrol.transport.channels import deliver
 fifo, words = sys.argv[1], sys.argv[2].split(",")
 sys.stdin.readline()  # the start signal: all writers go at once
 for word in words:

@@ -37,7 +37,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from ...protocol import COMMAND_HELP, COMMAND_NAMES, RunState, UnknownCommandError, allowed_commands
-from ...transport.send import ChannelError, NotListeningError
+from ...transport.channels import ChannelError, NotListeningError
 from ..client import RunNotFoundError, public_records, send
 
 __all__ = ["RunsHandler", "CommandsHandler", "VocabularyHandler", "EXECUTOR_SETTING", "vocabulary", "command_from_body"]

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from ...checkpoint import Checkpoint
-from ...checkpoint.scan import Scan, scan
+from ...checkpoint.folder import Scan, scan
 from ...protocol import shorten
 from ...registry import list_runs, validate_name
 
