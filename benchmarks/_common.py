@@ -26,6 +26,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -121,11 +122,20 @@ def scratch_folder(parent: str | None, prefix: str) -> Iterator[Path]:
     try:
         yield folder
     finally:
+        _join_run_threads()  # a run's thread may still free its files (chores left to it as the run closed)
         if previous is None:
             os.environ.pop("JUPYTER_RUNTIME_DIR", None)
         else:
             os.environ["JUPYTER_RUNTIME_DIR"] = previous
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _join_run_threads(timeout: float = 30.0) -> None:
+    """Waits for the threads of the package's runs (``traincontrol-*``) to end."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.startswith("traincontrol-") and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def rotation(names: Sequence[str], rounds: int, warmup: int = 1) -> list[tuple[int, str, bool]]:

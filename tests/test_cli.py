@@ -75,6 +75,23 @@ def test_send_delivers_through_the_fifo(live_run, capsys):
     assert live_run.channel.get(5).command is Command.SAVE
 
 
+def test_send_to_a_listening_fifo_reads_no_record(live_run, capsys, monkeypatch):
+    """A live run's FIFO has a reader, its own: the send writes there by the run's name
+    alone, and reads the run's record only when nothing listens (the tests below)."""
+    from jupyter_traincontrol.control import client
+
+    def no_record(name):
+        raise AssertionError(f"the record of {name!r} was read")
+
+    monkeypatch.setattr(client, "find_run", no_record)
+    code, out, _ = run_main(capsys, "send", "alpha", "stop")
+    assert (code, out) == (0, "Sent stop to alpha.\n")
+    assert live_run.channel.get(5).command is Command.STOP
+    live_run.channel.close()  # nobody reads now: the record is read, to say why
+    with pytest.raises(AssertionError, match="the record of 'alpha' was read"):
+        client.send("alpha", "stop")
+
+
 @pytest.mark.parametrize(
     "argv, code, message",
     [

@@ -1,6 +1,11 @@
 """How a sender in another process reaches a run: find it by name, send, wait for the effect.
 
-The CLI and the Jupyter server send through here (and `transport.send.deliver`,
+A send writes to the run's FIFO first, found by the run's name alone: a
+reader there is the run, listening (a run removes its FIFO before its final
+record). Only when nothing listens there (a run that ended, died, or listens
+on a spool) is the run's record read, to say why or to find its channel.
+
+The CLI and the Jupyter server send through here (and `transport.channels.deliver`,
 the one function every sender writes with); `public_record` is the shape
 of a run record that the outside world sees (``list --json``, ``GET
 runs``). Like the registry and the transport, this module never imports
@@ -15,14 +20,15 @@ Example:
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from ..protocol import FINAL_STATES, Command, Request, shorten
-from ..registry import RunNotFoundError, find_run, list_runs, read_tombstone
-from ..transport.channels import CHANNEL_KINDS
-from ..transport.send import NotListeningError, deliver, with_id
+from ..registry import RunNotFoundError, find_run, list_runs, read_tombstone, registry_root, validate_name
+from ..system.private_fs import UnsafePathError, check_private
+from ..transport.channels import CHANNEL_KINDS, NotListeningError, deliver, with_id
 
 __all__ = [
     "send",
@@ -69,6 +75,12 @@ def send(name: str, command: str | Command | Request, sender: str | None = None,
         UnsafePathError: If the run's channel is not a private one of ours.
     """
     request = with_id(command, sender or "client", waited=waited)
+    fifo = _fifo_of(name)
+    if fifo is not None:
+        try:
+            return deliver(fifo, request, kind="fifo")  # a reader there is the run itself, listening
+        except (NotListeningError, UnsafePathError):
+            pass  # nothing written: its record says why, below
     record = find_run(name)
     address = channel_address(record)
     if not record.get("live", True):
@@ -80,6 +92,18 @@ def send(name: str, command: str | Command | Request, sender: str | None = None,
     except NotListeningError:
         raise NotListeningError(f"Run {shorten(name, 80)!r} is not listening any more (its channel {address} has no reader).") from None
     return request
+
+
+def _fifo_of(name: str) -> Path | None:
+    """Where the run called `name` listens if its channel is a FIFO (None: not a run name,
+    or its folder is not a private one of ours). A send tries it first, without reading the
+    record: a live run's FIFO has a reader (its own), and a run removes it before it ends."""
+    try:
+        folder = registry_root() / validate_name(name)
+        check_private(folder, os.lstat(folder), kind="dir")
+    except (ValueError, OSError):  # not a run name, no such run, not a folder of ours: `find_run` says which
+        return None
+    return folder / CHANNEL_KINDS["fifo"]
 
 
 def channel_address(record: dict[str, Any]) -> Path | None:

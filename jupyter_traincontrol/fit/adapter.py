@@ -144,7 +144,8 @@ class FitAdapter:
         session = self.session
         self.boundaries = Boundaries(session.progress, session.run.history, session.actions, self.dispatch,
                                      self._non_finite, gate=session.gate)
-        session.run.channel.on_request = saves.wake = self.dispatch.hold  # the next boundary is on this thread
+        if self.dispatch.asynchronous:  # else every batch-end hook runs on this thread already: nothing to hold
+            session.run.channel.on_request = saves.wake = self.dispatch.hold  # the next boundary is on this thread
         stack.callback(self._unwire, saves)
         # Who still sees the rest of an epoch a command ended early: this callback, and Keras's record of the fit.
         self._epoch_end_seen_by = [callback for callback in self.dispatch.callbacks
