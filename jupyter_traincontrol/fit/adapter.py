@@ -11,7 +11,7 @@ adapter says what only a `fit` knows: its boundaries (`Boundaries`, the
 batch-end hooks switched to the training thread while a command waits:
 `BatchDispatch`), how its state is read and steered, its resume
 (`resume.start`), its data order, the callbacks' states a checkpoint
-carries, the watchdog, and when its end checkpoint is written: at train
+carries, which callbacks see the rest of an epoch a command ended early, the watchdog, and when its end checkpoint is written: at train
 end (`train_ended`) a `fit` that ran to its end writes it (reason ``end``)
 once `fit` has returned, and a SIGTERM that stopped the `fit` is handed on
 then.
@@ -98,7 +98,7 @@ class FitAdapter:
                                                  job=callback.job, verbose=callback.verbose)
         session.progress.plan(params.get("epochs"), params.get("steps"))
         self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack
-        self.kept_callbacks = KeptCallbacks(lambda: self.dispatch.callbacks, callback, session.report,
+        self.kept_callbacks = KeptCallbacks(lambda: self.callbacks, callback, session.report,
                                             epoch_end_pending=self._epoch_end_pending)
         self.boundaries: Boundaries | None = None
         self.tunables: Tunables | None = None
@@ -107,7 +107,15 @@ class FitAdapter:
         self.stopped_by: str | None = None  # which one (its class), if known
         self._watchdog: FitWatchdog | None = None
         self._epoch_end_seen_by: list[Any] = []  # the callbacks that see an epoch a command ended early
+        self._hidden: list | None = None  # all of them, while the rest of such an epoch runs without the others
         self._fit_frame = None  # the `fit` call's frame, until the fit closes (a SIGTERM is handed on after it)
+
+    @property
+    def callbacks(self) -> list:
+        """The `fit`'s callbacks, all of them (none if its `CallbackList` was not found)."""
+        if self._hidden is not None:
+            return list(self._hidden)
+        return list(getattr(self.dispatch.callback_list, "callbacks", None) or [])
 
     @property
     def attachments(self):
@@ -148,7 +156,7 @@ class FitAdapter:
             session.run.channel.on_request = saves.wake = self.dispatch.hold  # the next boundary is on this thread
         stack.callback(self._unwire, saves)
         # Who still sees the rest of an epoch a command ended early: this callback, and Keras's record of the fit.
-        self._epoch_end_seen_by = [callback for callback in self.dispatch.callbacks
+        self._epoch_end_seen_by = [callback for callback in self.callbacks
                                    if callback is self.callback or is_bookkeeping(callback)]
         self.data_order = DataOrder.find()  # counts what orders the data (exact resume)
         if self.data_order is not None:
@@ -160,6 +168,7 @@ class FitAdapter:
         if channel is not None:
             channel.on_request = None
         saves.wake = lambda: None
+        self._show_all()
         self.dispatch.restore()
 
     def resume(self, store, on_skip) -> Resumed:
@@ -195,8 +204,18 @@ class FitAdapter:
         `EarlyStopping` count it), only Keras's record and this package's."""
         self.model.stop_training = True
         progress = self.session.progress
-        if progress.mid_epoch and not progress.epoch_is_over:
-            self.dispatch.skip_epoch_end(self._epoch_end_seen_by)
+        listed = self.dispatch.callback_list
+        if progress.mid_epoch and not progress.epoch_is_over and listed is not None and self._hidden is None:
+            # Until `_show_all`, only those callbacks are called. Keras iterates over the list
+            # it holds, so a list swapped while one hook runs is seen from the next hook on.
+            self._hidden = listed.callbacks
+            listed.callbacks = [callback for callback in self._hidden
+                                if any(callback is seen for seen in self._epoch_end_seen_by)]
+
+    def _show_all(self) -> None:
+        """Every callback is called again (see `end_training`). Idempotent."""
+        if self._hidden is not None:
+            self.dispatch.callback_list.callbacks, self._hidden = self._hidden, None
 
     def _epoch_end_pending(self) -> int | None:
         """The epoch whose batches are all trained and whose end has not run (a
@@ -219,7 +238,7 @@ class FitAdapter:
     def epoch_ended(self, epoch: int, logs: dict | None) -> None:
         """``on_epoch_end``: the epoch's logs (with the steered values) into the history."""
         session = self.session
-        self.dispatch.show_all()  # on_train_end reaches every callback
+        self._show_all()  # on_train_end reaches every callback
         if logs is not None:
             session.steering.add_to_logs(logs)  # as ReduceLROnPlateau does: History keeps them
         session.run.history.record_epoch(epoch, logs)
@@ -269,7 +288,7 @@ class FitAdapter:
         """`fit` ran out early, and no command stopped it: a callback of the
         user's set ``stop_training`` (named in the record, ``stopped_by``)."""
         self.callback_stopped = True
-        self.stopped_by = stopping_callback(self.dispatch.callbacks, exclude=self.callback)
+        self.stopped_by = stopping_callback(self.callbacks, exclude=self.callback)
         progress, run = self.session.progress, self.session.run
         where = f"epoch {progress.epoch + 1}/{progress.epochs or '?'}"
         run.note_stopped_by(self.stopped_by)

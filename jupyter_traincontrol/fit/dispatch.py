@@ -43,14 +43,16 @@ class BatchDispatch:
 
     Args:
         callbacks: The `fit`'s `keras.callbacks.CallbackList`, or None.
+
+    Attributes:
+        callback_list: That `CallbackList`, or None.
     """
 
     def __init__(self, callbacks=None):
-        self._callbacks = callbacks
+        self.callback_list = callbacks
         self._flags = keras_internals.batch_end_dispatch(callbacks)  # (train_async, test_async)
         self.owner = threading.get_ident()
         self.held = False
-        self._hidden: list | None = None  # the whole list, while the rest of a stopped epoch runs without some
 
     @classmethod
     def find(cls) -> "BatchDispatch":
@@ -58,28 +60,6 @@ class BatchDispatch:
         frame = find_caller(lambda f: f.f_code.co_name == "on_train_begin"
                             and _is_callback_list(f.f_locals.get("self")), depth=2)
         return cls(frame.f_locals["self"] if frame is not None else None)
-
-    @property
-    def callbacks(self) -> list:
-        """The `fit`'s callbacks (none if its `CallbackList` was not found)."""
-        if self._hidden is not None:
-            return list(self._hidden)
-        return list(getattr(self._callbacks, "callbacks", None) or [])
-
-    def skip_epoch_end(self, keep: list[Any]) -> None:
-        """Training thread: until `show_all`, only the callbacks in `keep`
-        are called (the rest of an epoch a stop ended early: its validation
-        and its ``on_epoch_end``). Keras iterates over the list it holds, so
-        a list swapped while one hook runs is seen from the next hook on."""
-        if self._callbacks is not None and self._hidden is None:
-            self._hidden = self._callbacks.callbacks
-            self._callbacks.callbacks = [callback for callback in self._hidden
-                                         if any(callback is kept for kept in keep)]
-
-    def show_all(self) -> None:
-        """Every callback is called again (see `skip_epoch_end`). Idempotent."""
-        if self._hidden is not None:
-            self._callbacks.callbacks, self._hidden = self._hidden, None
 
     @property
     def asynchronous(self) -> bool:
@@ -94,7 +74,7 @@ class BatchDispatch:
         """Until `release`: every batch-end hook on the training thread. Any thread; cheap."""
         if self._flags[0] or self._flags[1]:
             self.held = True
-            keras_internals.set_batch_end_dispatch(self._callbacks, train_async=False, test_async=False)
+            keras_internals.set_batch_end_dispatch(self.callback_list, train_async=False, test_async=False)
 
     def release(self, still_wanted: Callable[[], bool]) -> None:
         """Training thread: Keras's own dispatch again, unless `still_wanted()`
@@ -109,18 +89,17 @@ class BatchDispatch:
     def flush(self) -> None:
         """Training thread: waits for the batch-end hooks still on the pool."""
         if self.asynchronous:
-            keras_internals.flush_pending_batch_ends(self._callbacks)
+            keras_internals.flush_pending_batch_ends(self.callback_list)
 
     def restore(self) -> None:
         """Puts Keras's own dispatch back (the `fit` ends). Idempotent."""
-        self.show_all()
-        if self._callbacks is not None:
+        if self.callback_list is not None:
             self.held = False
             self._put_back_flags()
 
     def _put_back_flags(self) -> None:
         train_async, test_async = self._flags
-        keras_internals.set_batch_end_dispatch(self._callbacks, train_async=train_async, test_async=test_async)
+        keras_internals.set_batch_end_dispatch(self.callback_list, train_async=train_async, test_async=test_async)
 
 
 def _is_callback_list(value: Any) -> bool:
