@@ -20,7 +20,7 @@ from helpers import REPO, child_env
 
 @pytest.mark.parametrize("script", [
     "latency", "checkpoint_cost", "rest_api", "loop_overhead", "chart_rebuild", "short_fit_parts", "registry_tricks",
-    "callback_state_cost",
+    "callback_state_cost", "send_cost",
     # A 2-process JAX job (jax is in the test extra).
     pytest.param("distributed", marks=pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")),
     # A 2-rank torchrun DDP job (gloo on CPU) under TrainLoop.

@@ -543,7 +543,8 @@ def test_a_claim_of_an_ended_run_of_this_process_takes_its_folder_over_and_leave
     old_folder = first._folder.path.stat().st_ino
 
     staged, pruned_by, swept_by = [], [], []
-    mkdtemp, prune, sweep = folder_module.tempfile.mkdtemp, tombstones.remove_old_tombstones, folder_module.sweep_dead_runs
+    mkdtemp, prune = folder_module.tempfile.mkdtemp, tombstones.remove_old_tombstones
+    sweep = folder_module.sweep_dead_runs
     for module in (folder_module, liveness):  # bounded alone, or by the sweep
         monkeypatch.setattr(module, "remove_old_tombstones",
                             lambda root: pruned_by.append(threading.current_thread().name) or prune(root))

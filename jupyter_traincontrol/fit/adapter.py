@@ -11,10 +11,12 @@ adapter says what only a `fit` knows: its boundaries (`Boundaries`, the
 batch-end hooks switched to the training thread while a command waits:
 `BatchDispatch`), how its state is read and steered, its resume
 (`resume.start`), its data order, the callbacks' states a checkpoint
-carries, which callbacks see the rest of an epoch a command ended early, the watchdog, and when its end checkpoint is written: at train
-end (`train_ended`) a `fit` that ran to its end writes it (reason ``end``)
-once `fit` has returned, and a SIGTERM that stopped the `fit` is handed on
-then.
+carries, which callbacks see the rest of an epoch a command ended early
+(this one and Keras's record of the fit: not a partial epoch for a
+`ModelCheckpoint` to save), the watchdog, and when its end checkpoint is
+written: at train end (`train_ended`) a `fit` that ran to its end writes
+it (reason ``end``) once `fit` has returned, and a SIGTERM that stopped
+the `fit` is handed on then.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@
 - the record (`build_record`): written at once on a state change or an
   answered command, else at most twice a second, by its `publisher`.
 
-Other parts get the part they need (the boundary layer logs to `journal`). It serves `ControlCallback`, `TrainLoop` and `TrainingRun`.
+Other parts get the part they need (the boundary layer logs to `journal`).
+It serves `ControlCallback`, `TrainLoop` and `TrainingRun`.
 
 Example:
 
