@@ -18,20 +18,23 @@ Example:
 
     from jupyter_traincontrol.state import keras_internals
 
-    Variable = keras_internals.variable_class()
+    walk = keras_internals.record_save_walk(model, copy=numpy.array)
     names = keras_internals.keras_file_names()
     archive.writestr(names.config, config_json)
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import contextlib
+import functools
+import os
+import shutil
+from typing import Any, Callable, Iterator, NamedTuple
 
-__all__ = ["KerasFileNames", "add_assets_to_zip", "base_optimizer_class", "batch_end_dispatch",
-           "defined_in_keras_optimizers", "epoch_iterator_class", "flush_pending_batch_ends", "global_seed_generator",
-           "h5_io_store_class", "keras_file_names", "run_save_walk", "seed_generators", "serialize_compile_config",
-           "serialize_model", "set_batch_end_dispatch", "start_fit_at_epoch", "temporary_assets_store",
-           "trainer_class", "variable_class"]
+__all__ = ["COMPILE_CONFIG_KINDS", "KerasFileNames", "SaveWalk", "add_assets_to_zip", "batch_end_dispatch", "epoch_iterator_class",
+           "flush_pending_batch_ends", "global_seed_generator", "h5_io_store_class", "keras_file_names",
+           "record_save_walk", "seed_generators", "serialize_compile_config", "set_batch_end_dispatch",
+           "start_fit_at_epoch"]
 
 
 # The `.keras` file: what `model.save` writes, and its walk -------------------------------------------------------
@@ -61,60 +64,176 @@ def keras_file_names() -> KerasFileNames:
 def h5_io_store_class() -> type:
     """Keras's ``saving_lib.H5IOStore``: the store ``model.save``'s walk
     hands each object's values to, and that writes ``model.weights.h5``.
-    Subclassed by `weights_store` (a leaner writer) and `layout` (a
-    recorder that writes nothing)."""
+    Subclassed by `h5image.weights_store` (a leaner writer) and by the
+    recorder of `record_save_walk` (which writes nothing)."""
     from keras.src.saving import saving_lib
 
     return saving_lib.H5IOStore
 
 
-def temporary_assets_store():
-    """A new ``saving_lib.DiskIOStore`` for the assets of a save walk: the
-    objects that write assets write them into a new temporary folder (the
-    store's ``tmp_dir``), which the caller removes when done."""
-    from keras.src.saving import saving_lib
+class SaveWalk(NamedTuple):
+    """What ``model.save`` would write of a model, recorded without a file (`record_save_walk`).
 
-    return saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=None, mode="w")
+    Attributes:
+        model_config: The model's config, serialized as ``model.save`` does
+            (shared objects once: ``ObjectSharingScope``).
+        entries: What the walk handed the weights file, in its order:
+            ``[(inner path, metadata, [(key, value)])]``, each value a Keras
+            variable itself or, for anything else, a copy of it taken then.
+        variables: The Keras variables among the entries' values, in order.
+        only_variables: True if every value the walk handed over is a Keras variable.
+        assets_dir: A temporary folder holding the assets the walk wrote
+            (the caller removes it), or None if it wrote none.
+        compile_config: How ``model.save`` serializes the model's compile
+            config (`COMPILE_CONFIG_KINDS`).
+    """
+
+    model_config: dict
+    entries: list
+    variables: list
+    only_variables: bool
+    assets_dir: str | None
+    compile_config: str
 
 
-def run_save_walk(model, *, weights_store, assets_store) -> None:
-    """Runs ``model.save``'s walk (``saving_lib._save_state``) from the model:
-    every layer, the optimizer and the metrics hand `weights_store` their
-    values (``make``, then ``store[key] = value``) and `assets_store` their
-    assets.
+#: How ``model.save`` serializes a model's compile config, as `SaveWalk.compile_config` says it:
+#: ``"model"``: the model's own ``get_compile_config`` (or the model is not compiled);
+#: ``"optimizer"``: Keras's, from the settings `compile` kept and the optimizer's ``get_config()``;
+#: ``"hyperparameters"``: Keras's, with one of Keras's own optimizers (wrapping none) whose
+#: learning rate is a variable: its ``get_config`` writes its plain attributes and that rate.
+COMPILE_CONFIG_KINDS = ("model", "optimizer", "hyperparameters")
+
+
+def record_save_walk(model, copy: Callable[[Any], Any]) -> SaveWalk:
+    """Runs ``model.save``'s walk (``saving_lib._save_state``) from `model`
+    on the calling thread and records what every layer, the optimizer and
+    the metrics hand its stores, writing no file.
+
+    Keras's own optimizers hand over their variables themselves (their
+    ``save_own_variables`` would hand a ``numpy()`` copy of each, under the
+    keys ``"0"``, ``"1"``, ...; the same keys are recorded).
 
     Args:
         model: The model.
-        weights_store: An `h5_io_store_class` instance (or one of its subclasses').
-        assets_store: A `temporary_assets_store`.
+        copy: Copies a value the walk hands over that is not a Keras
+            variable (a layer's own host array, say), as it is now.
 
     Raises:
-        Exception: Whatever ``model.save`` would raise for an object that
-            cannot be saved.
+        Exception: Whatever ``model.save`` would raise for a model that
+            cannot be saved (an unserializable config, say).
     """
-    from keras.src.saving import saving_lib
+    from keras.src.saving import saving_lib, serialization_lib
 
-    saving_lib._save_state(model, weights_store=weights_store, assets_store=assets_store, inner_path="",
-                           visited_saveables=set())
+    with serialization_lib.ObjectSharingScope():
+        model_config = serialization_lib.serialize_keras_object(model)
+    recorder = _recorder_class()(copy)
+    assets = saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=None, mode="w")
+    try:
+        with _optimizers_hand_variables(model):
+            saving_lib._save_state(model, weights_store=recorder, assets_store=assets, inner_path="",
+                                   visited_saveables=set())
+    except BaseException:
+        shutil.rmtree(assets.tmp_dir, ignore_errors=True)
+        raise
+    assets_dir = assets.tmp_dir
+    if not any(files for _root, _dirs, files in os.walk(assets_dir)):
+        shutil.rmtree(assets_dir, ignore_errors=True)
+        assets_dir = None
+    return SaveWalk(model_config, recorder.entries, recorder.variables, recorder.only_variables, assets_dir,
+                    _compile_config_kind(model))
+
+
+def _compile_config_kind(model) -> str:
+    from keras.src.backend.common.variables import Variable
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    from keras.src.trainers.trainer import Trainer
+
+    settings = getattr(model, "_compile_config", None)
+    if type(model).get_compile_config is not Trainer.get_compile_config or settings is None or not model.compiled:
+        return "model"
+    optimizer = settings.config.get("optimizer")
+    get_config = getattr(type(optimizer), "get_config", None)
+    keras_own = isinstance(optimizer, BaseOptimizer) and not hasattr(optimizer, "inner_optimizer") \
+        and getattr(get_config, "__module__", "").startswith("keras.src.optimizers.")
+    if keras_own and isinstance(getattr(optimizer, "_learning_rate", None), Variable):
+        return "hyperparameters"
+    return "optimizer"
+
+
+@contextlib.contextmanager
+def _optimizers_hand_variables(model) -> Iterator[None]:
+    """While the walk runs: optimizers that keep Keras's own
+    ``save_own_variables`` hand the store their variables, under the same
+    keys, rather than a ``numpy()`` copy of each. Restored after."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    patched = []
+    seen = set()
+    optimizer = getattr(model, "optimizer", None)
+    while isinstance(optimizer, BaseOptimizer) and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        if type(optimizer).save_own_variables is BaseOptimizer.save_own_variables \
+                and "save_own_variables" not in vars(optimizer):
+            object.__setattr__(optimizer, "save_own_variables", _handing_variables(optimizer))
+            patched.append(optimizer)
+        optimizer = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's
+    try:
+        yield
+    finally:
+        for optimizer in patched:
+            object.__delattr__(optimizer, "save_own_variables")
+
+
+def _handing_variables(optimizer):
+    def save_own_variables(store):
+        for i, variable in enumerate(optimizer.variables):  # BaseOptimizer.save_own_variables, without numpy()
+            store[str(i)] = variable
+    return save_own_variables
+
+
+@functools.lru_cache(maxsize=None)
+def _recorder_class() -> type:
+    from keras.src.backend.common.variables import Variable
+
+    class Recorder(h5_io_store_class()):
+        """Takes what the save walk hands the weights file (no file)."""
+
+        def __init__(self, copy):  # noqa: D401 - no file: H5IOStore's __init__ is not called
+            self.mode = "w"
+            self.entries: list = []
+            self.variables: list = []
+            self.only_variables = True
+            self._copy = copy
+
+        def make(self, path, metadata=None):
+            self.entries.append((path, metadata, []))
+            return self
+
+        def __setitem__(self, key, value):
+            if isinstance(value, Variable):
+                self.variables.append(value)
+            else:
+                self.only_variables = False
+                value = self._copy(value)
+            self.entries[-1][2].append((key, value))
+
+        def __bool__(self):
+            return True
+
+        def close(self):
+            pass
+
+    return Recorder
 
 
 def add_assets_to_zip(archive, assets_dir: str) -> None:
     """Writes the assets a walk wrote into `assets_dir` (a
-    `temporary_assets_store`'s ``tmp_dir``) into `archive` (a zip open for
+    `SaveWalk`'s) into `archive` (a zip open for
     writing) where ``model.save`` puts them (``assets/``)."""
     from keras.src.saving import saving_lib
 
     name = saving_lib._ASSETS_DIRNAME
     saving_lib._write_to_zip_recursively(archive, f"{assets_dir}/{name}", name)
-
-
-def serialize_model(model) -> dict:
-    """The model's config as ``model.save`` serializes it (shared objects
-    serialized once: ``ObjectSharingScope``)."""
-    from keras.src.saving import serialization_lib
-
-    with serialization_lib.ObjectSharingScope():
-        return serialization_lib.serialize_keras_object(model)
 
 
 def serialize_compile_config(compile_config: dict) -> dict:
@@ -124,39 +243,6 @@ def serialize_compile_config(compile_config: dict) -> dict:
 
     with serialization_lib.ObjectSharingScope():
         return serialization_lib.serialize_dict(compile_config)
-
-
-# What a variable, an optimizer and a trainer are ---------------------------------------------------------------
-
-
-def variable_class() -> type:
-    """Keras's common ``Variable`` base class (``keras.Variable`` is the
-    backend's subclass of it; a seed generator's state is one too)."""
-    from keras.src.backend.common.variables import Variable
-
-    return Variable
-
-
-def trainer_class() -> type:
-    """Keras's ``Trainer``, the base of every model's ``fit`` and of its
-    ``get_compile_config``."""
-    from keras.src.trainers.trainer import Trainer
-
-    return Trainer
-
-
-def base_optimizer_class() -> type:
-    """Keras's ``BaseOptimizer``, the base of every Keras 3 optimizer
-    (each backend's ``keras.optimizers.Optimizer`` subclasses it)."""
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-
-    return BaseOptimizer
-
-
-def defined_in_keras_optimizers(function: Any) -> bool:
-    """True if `function` (a method, or None) is defined in Keras's own
-    optimizers (``keras.src.optimizers``), not in a user's subclass."""
-    return getattr(function, "__module__", "").startswith("keras.src.optimizers.")
 
 
 # The random generators ----------------------------------------------------------------------------------------

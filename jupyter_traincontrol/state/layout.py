@@ -1,7 +1,7 @@
 """What ``model.save`` writes of a model, walked once: `SnapshotLayout`.
 
-Keras's save walk (`keras_internals.run_save_walk`) visits every layer, the
-optimizer and the metrics, and each hands a store its values under their
+Keras's save walk (`keras_internals.record_save_walk`) visits every layer,
+the optimizer and the metrics, and each hands a store its values under their
 keys; the model's config is serialized to JSON beside them. For a model of
 one layer that is 7-11 ms on the benchmark machine (the walk inspects every
 attribute of every object), against microseconds for taking the values.
@@ -32,12 +32,10 @@ Keras is imported lazily.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import numbers
-import shutil
-from typing import Any, Iterator
+from typing import Any
 
 from . import keras_internals
 from .frozen import Late, MakeLate, host_copy
@@ -50,16 +48,21 @@ class SnapshotLayout:
 
     Attributes:
         entries: ``[(inner path, metadata, [(key, Keras variable or host value)])]``.
+        variables: The Keras variables among the entries' values, in order.
+        variable_ids: Their ``id``s (which of the entries' values are variables).
         assets_dir: The folder the walk's assets were written into, or None.
         reusable: True when later snapshots may reuse it (see the module's docstring).
     """
 
-    def __init__(self, model_config: dict, entries: list, assets_dir: str | None, reusable: bool, count: int):
-        self._model_config = model_config
-        self.entries = entries
-        self.assets_dir = assets_dir
-        self.reusable = reusable
+    def __init__(self, walk: keras_internals.SaveWalk, count: int):
+        self._model_config = walk.model_config
+        self.entries = walk.entries
+        self.variables = walk.variables
+        self.variable_ids = frozenset(map(id, walk.variables))
+        self.assets_dir = walk.assets_dir
+        self.reusable = walk.only_variables and walk.assets_dir is None
         self._count = count
+        self._compile_config_kind = walk.compile_config  # `keras_internals.COMPILE_CONFIG_KINDS`
         self._compile_key: tuple | None = None  # `_compile_key` of the compile config kept
         self._compile_config: dict | None = None
 
@@ -71,21 +74,7 @@ class SnapshotLayout:
             Exception: Whatever ``model.save`` would raise for a model that
                 cannot be saved (an unserializable config, say).
         """
-        model_config = keras_internals.serialize_model(model)
-        recorder = _Recorder()
-        assets = keras_internals.temporary_assets_store()
-        try:
-            with _optimizers_hand_variables(model):
-                keras_internals.run_save_walk(model, weights_store=recorder, assets_store=assets)
-        except BaseException:
-            shutil.rmtree(assets.tmp_dir, ignore_errors=True)
-            raise
-        assets_dir = assets.tmp_dir
-        if not any(_files_under(assets_dir)):
-            shutil.rmtree(assets_dir, ignore_errors=True)
-            assets_dir = None
-        reusable = recorder.only_variables and assets_dir is None
-        return cls(model_config, recorder.entries, assets_dir, reusable, _variable_count(model))
+        return cls(keras_internals.record_save_walk(model, copy=host_copy), _variable_count(model))
 
     def fits(self, model) -> bool:
         """True if a snapshot of `model` may reuse this layout now (cheap)."""
@@ -126,7 +115,7 @@ class SnapshotLayout:
         the one serialized last while its key (`_compile_key`) is the same."""
         if not hasattr(model, "get_compile_config"):
             return None
-        key = _compile_key(model)
+        key = _compile_key(model, self._compile_config_kind)
         if key is None or self._compile_key is None or not _same_key(key, self._compile_key):
             compile_config = model.get_compile_config()
             if compile_config is None:
@@ -138,23 +127,20 @@ class SnapshotLayout:
         return self._compile_config
 
 
-def _compile_key(model) -> tuple | None:
-    """What decides a Keras 3 model's compile config while it trains: the
-    settings `compile` kept (the object itself), and its optimizer's
-    hyperparameters now with its learning-rate variable (Keras's own
-    optimizers: `_hyperparameters`) or else its whole config and None. None
-    where the model serializes its compile config its own way."""
-    KerasVariable = keras_internals.variable_class()
-    Trainer = keras_internals.trainer_class()
-
-    settings = getattr(model, "_compile_config", None)
-    if type(model).get_compile_config is not Trainer.get_compile_config or settings is None or not model.compiled:
+def _compile_key(model, kind: str) -> tuple | None:
+    """What decides a Keras 3 model's compile config while it trains, for a
+    model whose compile config ``model.save`` serializes the `kind` way
+    (`keras_internals.COMPILE_CONFIG_KINDS`): the settings `compile` kept
+    (the object itself), and its optimizer's hyperparameters now with its
+    learning-rate variable (one of Keras's own optimizers) or else its
+    whole config and None. None where the model serializes its compile
+    config its own way."""
+    if kind == "model":
         return None
+    settings = model._compile_config
     optimizer = settings.config.get("optimizer")
-    plain = _hyperparameters(optimizer)
-    learning_rate = getattr(optimizer, "_learning_rate", None)
-    if plain is not None and isinstance(learning_rate, KerasVariable):
-        return settings, plain, learning_rate
+    if kind == "hyperparameters":
+        return settings, _hyperparameters(optimizer), optimizer._learning_rate
     try:
         return settings, optimizer.get_config() if hasattr(optimizer, "get_config") else optimizer, None
     except Exception:  # serializing says what is wrong, if anything is
@@ -168,17 +154,10 @@ def _same_key(key: tuple, other: tuple) -> bool:
         return False
 
 
-def _hyperparameters(optimizer) -> tuple | None:
+def _hyperparameters(optimizer) -> tuple:
     """The plain attributes (numbers, text, None, and lists of them) of one
     of Keras's own optimizers: what its ``get_config`` writes but the
-    learning rate. None for an optimizer with a ``get_config`` of its
-    own, or one wrapping another (a loss-scale optimizer)."""
-    BaseOptimizer = keras_internals.base_optimizer_class()
-
-    get_config = getattr(type(optimizer), "get_config", None)
-    if not isinstance(optimizer, BaseOptimizer) or hasattr(optimizer, "inner_optimizer") \
-            or not keras_internals.defined_in_keras_optimizers(get_config):
-        return None
+    learning rate."""
     return tuple((name, tuple(value) if type(value) is list else value)
                  for name, value in vars(optimizer).items() if _plain(value))
 
@@ -209,83 +188,3 @@ def _with_learning_rate(serialized: dict, variable, late: MakeLate) -> dict:
 def _variable_count(model) -> int:
     optimizer = getattr(model, "optimizer", None)
     return len(model.weights) + (len(optimizer.variables) if optimizer is not None else 0)
-
-
-def _files_under(folder: str) -> Iterator[str]:
-    import os
-
-    for _root, _dirs, files in os.walk(folder):
-        yield from files
-
-
-@contextlib.contextmanager
-def _optimizers_hand_variables(model) -> Iterator[None]:
-    """While the walk runs: optimizers that keep Keras's own
-    ``save_own_variables`` (the variables in order, keys ``"0"``, ``"1"``...)
-    hand the store their variables, under the same keys, rather than a
-    ``numpy()`` copy of each. Restored after."""
-    BaseOptimizer = keras_internals.base_optimizer_class()
-
-    patched = []
-    seen = set()
-    optimizer = getattr(model, "optimizer", None)
-    while isinstance(optimizer, BaseOptimizer) and id(optimizer) not in seen:
-        seen.add(id(optimizer))
-        if type(optimizer).save_own_variables is BaseOptimizer.save_own_variables \
-                and "save_own_variables" not in vars(optimizer):
-            object.__setattr__(optimizer, "save_own_variables", _handing_variables(optimizer))
-            patched.append(optimizer)
-        optimizer = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's
-    try:
-        yield
-    finally:
-        for optimizer in patched:
-            object.__delattr__(optimizer, "save_own_variables")
-
-
-def _handing_variables(optimizer):
-    def save_own_variables(store):
-        for i, variable in enumerate(optimizer.variables):  # BaseOptimizer.save_own_variables, without numpy()
-            store[str(i)] = variable
-    return save_own_variables
-
-
-def _recorder_class():
-    KerasVariable = keras_internals.variable_class()
-
-    class Recorder(keras_internals.h5_io_store_class()):
-        """Takes what Keras's save walk writes (no file): Keras variables
-        themselves, anything else as a host copy of it now."""
-
-        def __init__(self):  # noqa: D401 - no file: H5IOStore's __init__ is not called
-            self.mode = "w"
-            self.entries: list = []
-            self.only_variables = True
-
-        def make(self, path, metadata=None):
-            self.entries.append((path, metadata, []))
-            return self
-
-        def __setitem__(self, key, value):
-            if not isinstance(value, KerasVariable):
-                self.only_variables = False
-                value = host_copy(value)
-            self.entries[-1][2].append((key, value))
-
-        def __bool__(self):
-            return True
-
-        def close(self):
-            pass
-
-    return Recorder
-
-
-_RECORDER = None
-
-
-def _Recorder():
-    global _RECORDER
-    if _RECORDER is None:
-        _RECORDER = _recorder_class()
-    return _RECORDER()

@@ -173,22 +173,18 @@ class ModelSnapshot:
             Exception: Whatever ``model.save`` would raise for a model that
                 cannot be saved (an unserializable config, say).
         """
-        KerasVariable = keras_internals.variable_class()
-
         if layout is None or not layout.fits(model):
             layout = SnapshotLayout.walk(model)
         into_buffers = buffers is not None and copy
         kept = buffers.borrow() if into_buffers else []
         arrays: list = []
         try:
-            variables = [value for _p, _m, items in layout.entries for _k, value in items
-                         if isinstance(value, KerasVariable)]  # the others: host copies of the walk's own
+            variables, is_variable = layout.variables, layout.variable_ids  # the others: host copies of the walk's own
             values, arrays = values_for_snapshot(variables, copy=copy, kept=kept if into_buffers else None)
             taken = {id(variable): value for variable, value in zip(variables, values)} if copy else {}
             taken_in_order = iter(values)
             entries = [(inner_path, metadata_of,
-                        [(key, next(taken_in_order) if isinstance(value, KerasVariable) else value)
-                         for key, value in items])
+                        [(key, next(taken_in_order) if id(value) in is_variable else value) for key, value in items])
                        for inner_path, metadata_of, items in layout.entries]
             late = _late_of(taken, now=into_buffers)
             config = layout.config(model, late)
