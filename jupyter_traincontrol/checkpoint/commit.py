@@ -88,36 +88,30 @@ class Committer:
         staging = f"{STAGING_PREFIX}{folder.run_id}-{info['sequence']}"
         intent = {"staging": staging, "file": file}
         folder.record_intent(intent)
-        self._phase("intent-recorded")
+        folder.phase("intent-recorded")
         renamed = False
         try:
             os.mkdir(staging, 0o700, dir_fd=fd)
-            self._phase("staging-created")
+            folder.phase("staging-created")
             source.save(folder.directory / staging / staged)
             st = os.stat(f"{staging}/{staged}", dir_fd=fd, follow_symlinks=False)
             info["size"] = part_size(fd, f"{staging}/{staged}", st)
             folder.record_intent({**intent, "inode": st.st_ino, "size": info["size"]})
-            self._phase("staged-model")
+            folder.phase("staged-model")
             _write_new_file(folder.directory / staging / _STAGED_SIDECAR, _json_text(info))
-            self._phase("staged-sidecar")
+            folder.phase("staged-sidecar")
             os.rename(f"{staging}/{staged}", file, src_dir_fd=fd, dst_dir_fd=fd)
             renamed = True
-            self._phase("model-renamed")
+            folder.phase("model-renamed")
             os.rename(f"{staging}/{_STAGED_SIDECAR}", sidecar, src_dir_fd=fd, dst_dir_fd=fd)  # the commit
-            self._phase("sidecar-committed")
+            folder.phase("sidecar-committed")
         except BaseException:
             self._undo(staging, file if renamed else None)
             raise
         os.rmdir(staging, dir_fd=fd)
-        self._phase("staging-removed")
+        folder.phase("staging-removed")
         folder.record_intent(None)
-        self._phase("intent-cleared")
-
-    def _phase(self, name: str) -> None:
-        """Tells the folder's ``on_phase`` hook (tests, tracing), if any, that phase `name` has just completed."""
-        hook = self.folder.on_phase
-        if hook is not None:
-            hook(name)
+        folder.phase("intent-cleared")
 
     def _undo(self, staging: str, renamed_model: str | None) -> None:
         """Cleans up after a failed save; reports (never raises) what it could not."""
@@ -144,7 +138,7 @@ class Committer:
         limit = AUTOSAVES_KEPT if autosave else self.keep
         if checkpoints and limit > 1 and len(same_kind) >= limit:
             self.flush(checkpoints[-1])
-            self._phase("previous-flushed")
+            self.folder.phase("previous-flushed")
 
     def prune(self, checkpoints: list[Checkpoint], broken: list[tuple[str, dict, str]]) -> list[Checkpoint]:
         """Removes the run's `checkpoints` (those of its line, oldest first)
@@ -191,7 +185,7 @@ class Committer:
         if ours:
             folder.record_intent({"file": model_file, "inode": st.st_ino, "size": size})
         os.unlink(sidecar, dir_fd=folder.dir_fd)  # uncommit first
-        self._phase("uncommitted")
+        folder.phase("uncommitted")
         if ours:
             remove_part(folder.dir_fd, model_file)
             folder.record_intent(None)

@@ -374,10 +374,19 @@ class CheckpointFolder:
         except OSError as error:
             logger.warning("Left staging folder %s: %s", self.directory / name, error.strerror)
 
-    def phase(self, name: str) -> None:
-        """Tells `on_phase` (tests, tracing) that a phase has just completed."""
-        if self.on_phase is not None:
-            self.on_phase(name)
+    @property
+    def on_phase(self) -> Callable[[str], None] | None:
+        """The hook told each phase as it completes (tests, tracing), or None."""
+        return self._on_phase
+
+    @on_phase.setter
+    def on_phase(self, hook: Callable[[str], None] | None) -> None:
+        self._on_phase = hook
+        #: Tells `on_phase`, if any, that a phase has just completed: ``phase(name)``.
+        self.phase: Callable[[str], None] = hook if hook is not None else _NO_HOOK
+
+
+_NO_HOOK: Callable[[str], None] = lambda _name: None  # what `CheckpointFolder.phase` calls without a hook
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:

@@ -168,11 +168,10 @@ class CheckpointStore:
     def on_phase(self, hook: Callable[[str], None] | None) -> None:
         self.folder.on_phase = hook
 
-    def phase(self, name: str) -> None:
-        """Tells `on_phase`, if any, that phase `name` has just completed."""
-        hook = self.folder.on_phase
-        if hook is not None:
-            hook(name)
+    @property
+    def phase(self) -> Callable[[str], None]:
+        """Tells `on_phase`, if any, that a phase has just completed: ``phase(name)``."""
+        return self.folder.phase
 
     def acquire(self) -> "CheckpointStore":
         """Takes the folder (see `CheckpointFolder.acquire`). Returns self."""
@@ -343,10 +342,10 @@ class CheckpointStore:
         try:
             if reason in _FLUSH_AT_ONCE:
                 committer.flush(checkpoint)
-                self.phase("flushed")
+                folder.phase("flushed")
             doomed = committer.prune([*line, checkpoint], found.broken)
             self._known = [known for known in self._known if known not in doomed]
-            self.phase("pruned")
+            folder.phase("pruned")
         except OSError as error:
             raise CheckpointError(
                 f"Wrote {checkpoint.path.name}, but could not flush or remove older checkpoints in "
