@@ -172,7 +172,7 @@ class CommandActions:
         if self.ended_by is not None:
             return self._ignored("Already stopping; 'stop' ignored.")
         interrupted = self.interrupted = self.interrupted or is_interrupt(request.request_id)
-        outcome, message = self._checkpoint("interrupt" if interrupted else "stop")
+        outcome, message = self.saves.write_now("interrupt" if interrupted else "stop")  # on disk, or why not
         if outcome != "applied":
             message = f"stopping without a checkpoint: {message}"
         self.run.journal.acknowledge(request, outcome, message)  # published with the state, in one write
@@ -258,8 +258,3 @@ class CommandActions:
         self.ending_request = request
         self._end()
         self.run.move_to(RunState.STOPPING)
-
-    def _checkpoint(self, reason: str) -> Outcome:
-        """Writes a checkpoint of this boundary, on disk when this returns;
-        says what it wrote, or why it could not."""
-        return self.saves.write_now(reason)

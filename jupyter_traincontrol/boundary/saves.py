@@ -235,7 +235,8 @@ class SaveScheduler:
         self._taken_at, self._taken_auto, self._last_outcome = self._progress.boundary, False, None
         terms = self._terms()
         outcome = self._last_outcome = self._refused(reason, terms) or self._write_here(self._position(), reason, terms)
-        self._answer(requests, *outcome)
+        if requests:
+            self._answer(requests, *outcome)
         return outcome
 
     def write_at_end(self) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import threading
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -159,6 +160,8 @@ class TrainingSession:
             loop's body may go on after its last item.
 
     Attributes:
+        say: Prints one line for the user (``say(message, stream=None)``),
+            unless the session is quiet (`verbose`).
         progress: The training's counters.
         trained: What a checkpoint holds (the driver's).
         steering: ``set`` and ``rollback``, once open.
@@ -184,6 +187,7 @@ class TrainingSession:
         self.scope = scope
         self.job = job
         self.verbose = verbose
+        self.say: Callable[..., None] = functools.partial(say, verbose=verbose)
         self.progress = TrainingProgress(last_batch_ends_epoch=last_batch_ends_epoch)
         self.trained = driver.trained
         self.steering: Steering | None = None
@@ -488,7 +492,3 @@ class TrainingSession:
         """One line in the run's log, said to the user too (a warning on stderr)."""
         self.run.journal.log(level, message)
         self.say(message, stream=sys.stderr if level == "warning" else None)
-
-    def say(self, message: str, stream: Any = None) -> None:
-        """One line for the user, unless the session is quiet."""
-        say(message, verbose=self.verbose, stream=stream)

@@ -32,7 +32,7 @@ import shutil
 from typing import Any, Callable, Iterator, NamedTuple
 
 __all__ = ["COMPILE_CONFIG_KINDS", "KerasFileNames", "SaveWalk", "add_assets_to_zip", "batch_end_dispatch", "epoch_iterator_class",
-           "flush_pending_batch_ends", "global_seed_generator", "h5_io_store_class", "keras_file_names",
+           "flush_pending_batch_ends", "h5_io_store_class", "keras_file_names",
            "record_save_walk", "seed_generators", "serialize_compile_config", "set_batch_end_dispatch",
            "start_fit_at_epoch"]
 
@@ -84,8 +84,9 @@ class SaveWalk(NamedTuple):
         only_variables: True if every value the walk handed over is a Keras variable.
         assets_dir: A temporary folder holding the assets the walk wrote
             (the caller removes it), or None if it wrote none.
-        compile_config: How ``model.save`` serializes the model's compile
-            config (`COMPILE_CONFIG_KINDS`).
+        compile_config_kind: How ``model.save`` serializes the model's
+            compile config (`COMPILE_CONFIG_KINDS`); `model_config` holds it
+            as of the walk, under ``"compile_config"`` (if compiled).
     """
 
     model_config: dict
@@ -93,10 +94,10 @@ class SaveWalk(NamedTuple):
     variables: list
     only_variables: bool
     assets_dir: str | None
-    compile_config: str
+    compile_config_kind: str
 
 
-#: How ``model.save`` serializes a model's compile config, as `SaveWalk.compile_config` says it:
+#: How ``model.save`` serializes a model's compile config, as `SaveWalk.compile_config_kind` says it:
 #: ``"model"``: the model's own ``get_compile_config`` (or the model is not compiled);
 #: ``"optimizer"``: Keras's, from the settings `compile` kept and the optimizer's ``get_config()``;
 #: ``"hyperparameters"``: Keras's, with one of Keras's own optimizers (wrapping none) whose
@@ -248,33 +249,33 @@ def serialize_compile_config(compile_config: dict) -> dict:
 # The random generators ----------------------------------------------------------------------------------------
 
 
-def global_seed_generator(*, create: bool):
-    """Keras's global ``SeedGenerator`` (the one `keras.random` ops without
-    a seed draw from).
+def seed_generators(model, *, create_global: bool) -> tuple[list, Any]:
+    """The Keras ``SeedGenerator``s whose state decides the random draws of
+    training: those of `model` and of every layer in it (dropout, noise),
+    and Keras's global one (the one `keras.random` ops without a seed draw
+    from).
 
     Args:
-        create: True: made now if no op has made it yet (as Keras makes it).
-            False: None if none was made.
+        model: The model, or None (the global one only).
+        create_global: True: the global one is made now if no op has made
+            it yet (as Keras makes it). False: None if none was made.
+
+    Returns:
+        ``(the model's, each once, in the order of its layers; the global one or None)``.
     """
-    if create:
-        from keras.src.random.seed_generator import global_seed_generator as made
-
-        return made()
-    from keras.src.backend.common import global_state
-
-    return global_state.get_global_attribute("global_seed_generator")
-
-
-def seed_generators(model) -> list:
-    """The ``SeedGenerator``s of `model` and of every layer in it (dropout,
-    noise), each once, in the order of the model's layers."""
     found, seen = [], set()
-    for layer in [model, *model._flatten_layers(include_self=False)]:
+    for layer in [model, *model._flatten_layers(include_self=False)] if model is not None else []:
         for generator in getattr(layer, "_seed_generators", []) or []:
             if id(generator) not in seen:
                 seen.add(id(generator))
                 found.append(generator)
-    return found
+    if create_global:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        return found, global_seed_generator()
+    from keras.src.backend.common import global_state
+
+    return found, global_state.get_global_attribute("global_seed_generator")
 
 
 # The running `fit` -------------------------------------------------------------------------------------------------

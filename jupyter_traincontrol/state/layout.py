@@ -10,8 +10,7 @@ entries of the weights file (inner path, metadata, and under each key the
 Keras variable itself) and the serialized model. Each snapshot then only
 takes the variables' values and the compile config (the optimizer's
 hyperparameters as they are now: ``set`` and `ReduceLROnPlateau` change
-them); the writer dates its metadata (`metadata`) with the time it was
-taken. The compile config is serialized anew only
+them); the writer dates its metadata with the time it was taken. The compile config is serialized anew only
 when the optimizer's hyperparameters changed or the model was compiled
 again: its loss and metrics are taken as fixed while a layout lives, as
 the model's own config is (serializing it is 0.1-0.4 ms of a save's hold
@@ -32,8 +31,6 @@ Keras is imported lazily.
 
 from __future__ import annotations
 
-import datetime
-import json
 import numbers
 from typing import Any
 
@@ -62,9 +59,11 @@ class SnapshotLayout:
         self.assets_dir = walk.assets_dir
         self.reusable = walk.only_variables and walk.assets_dir is None
         self._count = count
-        self._compile_config_kind = walk.compile_config  # `keras_internals.COMPILE_CONFIG_KINDS`
-        self._compile_key: tuple | None = None  # `_compile_key` of the compile config kept
-        self._compile_config: dict | None = None
+        self._compile_config_kind = walk.compile_config_kind  # `keras_internals.COMPILE_CONFIG_KINDS`
+        # The compile config kept: the walk's, serialized with the model; and its `_compile_key`,
+        # taken as the first snapshot takes the config (of the same moment).
+        self._compile_config: dict | None = walk.model_config.get("compile_config")
+        self._compile_key: tuple | None = _WALKS_OWN if self._compile_config is not None else None
 
     @classmethod
     def walk(cls, model) -> "SnapshotLayout":
@@ -74,7 +73,8 @@ class SnapshotLayout:
             Exception: Whatever ``model.save`` would raise for a model that
                 cannot be saved (an unserializable config, say).
         """
-        return cls(keras_internals.record_save_walk(model, copy=host_copy), _variable_count(model))
+        count = _variable_count(model)
+        return cls(keras_internals.record_save_walk(model, copy=host_copy), count)
 
     def fits(self, model) -> bool:
         """True if a snapshot of `model` may reuse this layout now (cheap)."""
@@ -98,25 +98,15 @@ class SnapshotLayout:
             config["compile_config"] = compile_config
         return config
 
-    @staticmethod
-    def metadata(saved_at: float) -> str:
-        """The ``metadata.json`` of a ``.keras`` file, as ``model.save``
-        writes it, dated `saved_at` (``time.time()``; local time, as Keras
-        dates it): made by the writer, not at the boundary (formatting it
-        there was about 50 µs of a save's hold on TensorFlow, run cold
-        right after a step)."""
-        from keras import version
-
-        date = datetime.datetime.fromtimestamp(saved_at).strftime("%Y-%m-%d@%H:%M:%S")
-        return json.dumps({"keras_version": version(), "date_saved": date})
-
     def _serialized_compile_config(self, model, late: MakeLate) -> dict | None:
         """The model's compile config, serialized as ``model.save`` does;
         the one serialized last while its key (`_compile_key`) is the same."""
         if not hasattr(model, "get_compile_config"):
             return None
         key = _compile_key(model, self._compile_config_kind)
-        if key is None or self._compile_key is None or not _same_key(key, self._compile_key):
+        if self._compile_key is _WALKS_OWN:
+            self._compile_key = key
+        elif key is None or self._compile_key is None or not _same_key(key, self._compile_key):
             compile_config = model.get_compile_config()
             if compile_config is None:
                 return None
@@ -125,6 +115,9 @@ class SnapshotLayout:
         if key is not None and key[2] is not None:
             return _with_learning_rate(self._compile_config, key[2], late)
         return self._compile_config
+
+
+_WALKS_OWN = ("the compile config the walk serialized, whose key is not taken yet",)
 
 
 def _compile_key(model, kind: str) -> tuple | None:

@@ -129,12 +129,15 @@ def capture(model, epoch: int, epoch_start: "EpochStart | None",
             now is that start.
         data: `data_order.DataOrder.state` for that epoch, or None.
     """
-    model_generators = keras_internals.seed_generators(model) if model is not None else []
+    now = EpochStart()
+    # A custom loop without Keras: nothing to keep, and nothing imported.
+    model_generators, global_generator = ([], None) if "keras" not in sys.modules else \
+        keras_internals.seed_generators(model, create_global=False)
     seed_generators = {
         "model": [Late(sg.state, _int_list) for sg in model_generators],
-        "global": _global_generator_state(),
+        "global": Late(global_generator.state, _int_list) if global_generator is not None else None,
     }
-    return CapturedState(epoch, epoch_start, EpochStart(), seed_generators, data)
+    return CapturedState(epoch, epoch_start, now, seed_generators, data)
 
 
 class CapturedState(Mapping):
@@ -199,14 +202,14 @@ def restore_seed_generators(model, state: Any) -> str | None:
         return _NO_STATE
     try:
         generators = state["seed_generators"]
-        model_generators = keras_internals.seed_generators(model) if model is not None else []
+        model_generators, global_generator = ([], None) if model is None and generators["global"] is None else \
+            keras_internals.seed_generators(model, create_global=generators["global"] is not None)
         if len(generators["model"]) != len(model_generators):
             return "the model's random generators do not match the checkpoint's: dropout may differ"
         for sg, values in zip(model_generators, generators["model"]):
             sg.state.assign(_as_state(values, sg.state))
         if generators["global"] is not None:
-            sg = keras_internals.global_seed_generator(create=True)
-            sg.state.assign(_as_state(generators["global"], sg.state))
+            global_generator.state.assign(_as_state(generators["global"], global_generator.state))
     except (KeyError, TypeError, ValueError) as error:
         return f"the checkpoint's random state could not be restored ({error}): the data order may differ"
     return None
@@ -281,13 +284,6 @@ def _torch_generator_state():
     import torch
 
     return torch.get_rng_state()
-
-
-def _global_generator_state() -> Late | None:
-    if "keras" not in sys.modules:  # a custom loop without Keras: nothing to keep, and nothing imported
-        return None
-    sg = keras_internals.global_seed_generator(create=False)
-    return None if sg is None else Late(sg.state, _int_list)
 
 
 def _int_list(array) -> list[int]:
