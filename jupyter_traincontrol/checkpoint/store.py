@@ -258,9 +258,6 @@ class CheckpointStore:
         return [checkpoint for checkpoint in (self.list() if checkpoints is None else checkpoints)
                 if checkpoint.lineage != self._line]
 
-    def _of_line(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
-        return [checkpoint for checkpoint in checkpoints if checkpoint.lineage == self._line]
-
     # Saving -----------------------------------------------------------------
 
     def save(
@@ -322,7 +319,7 @@ class CheckpointStore:
         try:
             found = scan(self.directory, folder.dir_fd)
             previous = found.of_run(self.run)
-            line = self._of_line(previous)
+            line = [checkpoint for checkpoint in previous if checkpoint.lineage == self._line]  # the ones it prunes
             committer.flush_previous(line, reason)
             suffix = getattr(source, "suffix", ".keras")
             sequence, stem = self._free_name(found.top_sequence, position, suffix)

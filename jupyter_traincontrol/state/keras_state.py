@@ -30,8 +30,7 @@ from typing import Any, Callable
 
 from ..checkpoint import Checkpoint, CheckpointError, NonFiniteStateError
 from .frozen import Late, copies_in_place, is_finite
-from .layout import SnapshotLayout
-from .snapshot import ModelSnapshot, SnapshotBuffers
+from .snapshot import ModelSnapshot, SnapshotBuffers, SnapshotLayout
 
 __all__ = ["KerasState", "sync_model_state", "optimizer_step", "restore_weights", "copy_variables",
            "assign_variables", "all_finite", "non_finite_variables"]
