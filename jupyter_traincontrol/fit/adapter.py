@@ -100,8 +100,7 @@ class FitAdapter:
                                                  job=callback.job, verbose=callback.verbose)
         session.progress.plan(params.get("epochs"), params.get("steps"))
         self.dispatch = BatchDispatch.find()  # on_train_begin calls this: Keras's CallbackList is on the stack
-        self.kept_callbacks = KeptCallbacks(lambda: self.callbacks, callback, session.report,
-                                            epoch_end_pending=self._epoch_end_pending)
+        self.kept_callbacks = KeptCallbacks(lambda: self.callbacks, callback, session.report)
         self.boundaries: Boundaries | None = None
         self.tunables: Tunables | None = None
         self.data_order: DataOrder | None = None
@@ -119,10 +118,9 @@ class FitAdapter:
             return list(self._hidden)
         return list(getattr(self.dispatch.callback_list, "callbacks", None) or [])
 
-    @property
-    def attachments(self):
-        """What a checkpoint carries besides the model: the callbacks' states."""
-        return self.kept_callbacks.attachments
+    def attachments(self) -> dict[str, Any]:
+        """What a checkpoint taken now carries besides the model: the callbacks' states."""
+        return self.kept_callbacks.attachments(self._epoch_end_pending())
 
     @property
     def reads_tunables_anywhere(self) -> bool:

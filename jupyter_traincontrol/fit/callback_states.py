@@ -252,25 +252,26 @@ class KeptCallbacks:
         callbacks: Returns the fit's callbacks.
         exclude: One to leave out (this package's own).
         log: Logs one line for the run and the user: ``log(level, message)``.
-        epoch_end_pending: Returns the epoch whose batches are all trained
-            and whose end has not run yet, or None (see `capture`).
     """
 
-    def __init__(self, callbacks: Callable[[], Iterable[Any]], exclude: Any, log: Callable[[str, str], None],
-                 epoch_end_pending: Callable[[], int | None] = lambda: None):
+    def __init__(self, callbacks: Callable[[], Iterable[Any]], exclude: Any, log: Callable[[str, str], None]):
         self._callbacks = callbacks
-        self._epoch_end_pending = epoch_end_pending
         self._exclude = exclude
         self._log = log
         self._pending: CallbackStates | None = None  # read from the resumed checkpoint, not given back yet
         self._capture_failed = False
 
-    def attachments(self) -> dict[str, Any]:
+    def attachments(self, epoch_end_pending: int | None = None) -> dict[str, Any]:
         """What a checkpoint taken now carries (`capture`); a callback whose
         state cannot be encoded is said once, and the checkpoint is written
-        without the states."""
+        without the states.
+
+        Args:
+            epoch_end_pending: The epoch whose batches are all trained and
+                whose end has not run yet, or None (see `capture`).
+        """
         try:
-            return capture(self._callbacks(), self._exclude, self._epoch_end_pending())
+            return capture(self._callbacks(), self._exclude, epoch_end_pending)
         except (TypeError, ValueError) as error:
             if not self._capture_failed:
                 self._capture_failed = True

@@ -82,11 +82,12 @@ class KerasState:
         """What ``model.save`` writes, as of now, kept while training goes
         on: without a copy on TensorFlow and JAX (`frozen.freeze`), else a
         host copy into `buffers`' arrays."""
-        return self._taken(ModelSnapshot.take(self.model, buffers if copies_in_place() else None,
-                                              layout=self._layout))
+        return self._take(buffers if copies_in_place() else None, copy=True)
 
-    def _taken(self, snapshot: ModelSnapshot) -> ModelSnapshot:
-        if snapshot.layout is not None and snapshot.layout.reusable:
+    def _take(self, buffers: SnapshotBuffers | None, copy: bool) -> ModelSnapshot:
+        """`ModelSnapshot.take`, its walk kept for the next one if it may be reused."""
+        snapshot = ModelSnapshot.take(self.model, buffers, copy=copy, layout=self._layout)
+        if snapshot.layout.reusable:
             self._layout = snapshot.layout
         return snapshot
 
@@ -101,7 +102,7 @@ class KerasState:
         copies ``model.save`` makes), or the model itself if they cannot be
         taken (``model.save`` then says what is wrong)."""
         try:
-            return self._taken(ModelSnapshot.take(self.model, copy=False, layout=self._layout))
+            return self._take(None, copy=False)
         except Exception:  # noqa: BLE001 - model.save then says what is wrong, as before
             return _FiniteOnly(self.model)
 
