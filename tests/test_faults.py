@@ -381,7 +381,7 @@ class FileOps:
     call the real functions), and the `model.save` calls of a wrapped model."""
 
     def __init__(self, monkeypatch):
-        import jupyter_traincontrol.checkpoint.commit as checkpoint_module
+        import jupyter_traincontrol.checkpoint.store as checkpoint_module
 
         self.log: list[tuple[str, str]] = []
         for name in ("_fsync_file", "_fsync_dir"):
@@ -474,7 +474,7 @@ def test_a_failing_flush_says_the_checkpoint_was_written_and_deletes_nothing(tmp
     the fsync is made to fail) keeps every checkpoint and says what happened."""
     import errno as errno_module
 
-    import jupyter_traincontrol.checkpoint.commit as checkpoint_module
+    import jupyter_traincontrol.checkpoint.store as checkpoint_module
     from jupyter_traincontrol.checkpoint import CheckpointError
 
     store = CheckpointStore(tmp_path / "ck", keep=1)

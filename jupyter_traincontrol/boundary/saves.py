@@ -209,7 +209,7 @@ class SaveScheduler:
         self._taken_at, self._taken_auto, self._last_outcome = self._progress.boundary, not requests, None
         terms = self._terms()
         if terms.refused is not None or not self.background:
-            self._last_outcome = self._refused(reason, terms) or self._write_here(self._position(), reason, terms)
+            self._last_outcome = self._write_here(reason, terms)
             self._answer(requests, *self._last_outcome)
             return
         position = self._progress.position(None)
@@ -234,7 +234,7 @@ class SaveScheduler:
             requests, self._waiting, self.due, self._autosave_due = self._waiting, [], False, False
         self._taken_at, self._taken_auto, self._last_outcome = self._progress.boundary, False, None
         terms = self._terms()
-        outcome = self._last_outcome = self._refused(reason, terms) or self._write_here(self._position(), reason, terms)
+        outcome = self._last_outcome = self._write_here(reason, terms)
         if requests:
             self._answer(requests, *outcome)
         return outcome
@@ -275,16 +275,13 @@ class SaveScheduler:
             if threading.get_ident() == self._owner:
                 self.trained.sync()
                 terms = self._terms()
-                self._answer(requests, *(self._refused("save", terms) or self._write_here(self._position(), "save", terms)))
+                self._answer(requests, *self._write_here("save", terms))
             else:
                 self._answer(requests, "failed", "the run ended before this save could be written")
         finally:
             self._writer.close()  # its thread ends with the training
 
     # Writing -----------------------------------------------------------------
-
-    def _position(self) -> TrainingPosition:
-        return self._progress.position(self.trained.step())
 
     def _terms(self) -> SaveTerms:
         return self.policy.terms() if self.policy is not None else _NO_POLICY
@@ -297,8 +294,13 @@ class SaveScheduler:
         self._say(f"Checkpoint ({reason}) {terms.refused}.", stream=sys.stderr)
         return "failed", f"checkpoint {terms.refused}"
 
-    def _write_here(self, position: TrainingPosition, reason: str, terms: SaveTerms) -> Outcome:
-        """Writes the live state while the training thread waits."""
+    def _write_here(self, reason: str, terms: SaveTerms) -> Outcome:
+        """Writes the live state of this boundary while the training thread
+        waits, unless the policy refuses it (`_refused`)."""
+        refused = self._refused(reason, terms)
+        if refused is not None:
+            return refused
+        position = self._progress.position(self.trained.step())
         metrics = self._progress.metrics
         try:
             resume_state = self._resume_state(position)

@@ -6,8 +6,9 @@
   the model part it describes (a file or a folder, measured and removed).
 - `folder`: holding the folder (its OS lock, the intent record, recovery),
   and which of its files are whose complete checkpoints (`scan`).
-- `commit`: staging, renames with the sidecar last, flushing and pruning.
-- `store`: `CheckpointStore`, the checkpoints of one run in one folder.
+- `store`: `CheckpointStore`, the checkpoints of one run in one folder:
+  written by the commit protocol (`Committer`: staging, renames with the
+  sidecar last, flushing and pruning), listed and resumed.
 - `writer`: `CheckpointWriter`, one background write at a time.
 - `attachments`: files a checkpoint carries inside its model part (`Attached`).
 
@@ -16,7 +17,6 @@ through its ``save(path)``; `jupyter_traincontrol.state` has those.
 """
 
 from .attachments import Attached, read_attachment
-from .commit import AUTOSAVE_REASON, AUTOSAVES_KEPT
 from .folder import LOCK_FILE
 from .records import (
     Checkpoint,
@@ -32,7 +32,7 @@ from .records import (
     skipping_words,
 )
 from .sidecar import DEFAULT_RUN, SIDECAR_FORMAT, TOOL, build_sidecar, parse_sidecar, read_sidecar
-from .store import CheckpointStore
+from .store import AUTOSAVE_REASON, AUTOSAVES_KEPT, CheckpointStore
 from .writer import CheckpointWriter, WriterBusyError
 
 __all__ = [

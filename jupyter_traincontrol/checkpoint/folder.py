@@ -22,7 +22,7 @@ reads every sidecar-like file, never raising for one: a complete checkpoint is a
 of this tool whose model file exists with the size it says.
 
 `CheckpointStore` holds one (`CheckpointStore.folder`) and adds what a checkpoint is; the
-commit protocol (`commit`) works through it.
+commit protocol (`store.Committer`) works through it.
 """
 
 from __future__ import annotations

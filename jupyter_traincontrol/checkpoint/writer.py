@@ -199,8 +199,8 @@ class CheckpointWriter:
 
     def _write(self, source, position, reason, metrics, on_done: OnDone, resume_state=None, tunables=None) -> None:
         checkpoint, failure = None, None
-        if hasattr(source, "pace"):  # a source that writes in slices paces itself with the writer
-            source.pace = self._pace
+        if hasattr(source, "pace") and not self._hurry.is_set():
+            source.pace = self._pace  # a source that writes in slices paces itself, until someone waits for it
         try:
             self.store.phase("writer-started")
             if callable(position):
