@@ -83,3 +83,15 @@ def test_a_waiter_speeds_up_the_write_in_flight(tmp_path):
         assert source.longest_pause_after(waiting) < CUT_SHORT_SECONDS, "wait() did not make the write go at full speed"
     finally:
         writer.close()
+
+
+def test_a_write_waited_for_from_its_start_is_never_paused(tmp_path):
+    # `write` (a stop's checkpoint, its training thread waiting): nothing to yield to, so no pace is handed over.
+    writer = CheckpointWriter(CheckpointStore(tmp_path / "stopping", run="stopping"), name="stopping")
+    source = SlicedSource()
+    try:
+        checkpoint = writer.write(source, TrainingPosition(epoch=0, step_in_epoch=1), "stop", {})
+    finally:
+        writer.close()
+    assert checkpoint.path.exists()
+    assert source.pace is None and source.pauses == []

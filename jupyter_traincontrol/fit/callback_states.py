@@ -261,7 +261,7 @@ class KeptCallbacks:
         self._pending: CallbackStates | None = None  # read from the resumed checkpoint, not given back yet
         self._capture_failed = False
 
-    def attachments(self, epoch_end_pending: int | None = None) -> dict[str, Any]:
+    def attachments(self, epoch_end_pending: int | None) -> dict[str, Any]:
         """What a checkpoint taken now carries (`capture`); a callback whose
         state cannot be encoded is said once, and the checkpoint is written
         without the states.

@@ -31,8 +31,8 @@ import os
 import shutil
 from typing import Any, Callable, Iterator, NamedTuple
 
-__all__ = ["COMPILE_CONFIG_KINDS", "KerasFileNames", "SaveWalk", "add_assets_to_zip", "batch_end_dispatch", "epoch_iterator_class",
-           "flush_pending_batch_ends", "h5_io_store_class", "keras_file_names",
+__all__ = ["COMPILE_CONFIG_KINDS", "KerasFileNames", "SaveWalk", "add_assets_to_zip", "batch_end_dispatch",
+           "epoch_iterator_class", "flush_pending_batch_ends", "h5_io_store_class", "keras_file_names",
            "record_save_walk", "seed_generators", "serialize_compile_config", "set_batch_end_dispatch",
            "start_fit_at_epoch"]
 

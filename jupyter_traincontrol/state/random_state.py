@@ -129,7 +129,7 @@ def capture(model, epoch: int, epoch_start: "EpochStart | None",
             now is that start.
         data: `data_order.DataOrder.state` for that epoch, or None.
     """
-    now = EpochStart()
+    now = EpochStart()  # the global random states as they are now
     # A custom loop without Keras: nothing to keep, and nothing imported.
     model_generators, global_generator = ([], None) if "keras" not in sys.modules else \
         keras_internals.seed_generators(model, create_global=False)
