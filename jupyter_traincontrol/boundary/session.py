@@ -186,7 +186,6 @@ class TrainingSession:
         self.settings = settings
         self.scope = scope
         self.job = job
-        self.verbose = verbose
         self.say: Callable[..., None] = functools.partial(say, verbose=verbose)
         self.progress = TrainingProgress(last_batch_ends_epoch=last_batch_ends_epoch)
         self.trained = driver.trained
