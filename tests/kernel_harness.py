@@ -8,6 +8,8 @@ messages, and a cell that is surely busy when an interrupt arrives.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 from helpers import REPO, child_env
 
 sys.path.insert(0, str(REPO / "examples"))
-from notebook_runner import KernelSession  # noqa: E402
+from notebook_runner import CellOutputs, KernelSession  # noqa: E402
 
 BASE_SETUP = """
 import time, numpy as np, keras
@@ -34,6 +36,7 @@ class SlowBatches(keras.utils.PyDataset):  # slow data, not a callback: a stop h
 import jupyter_traincontrol
 """
 MODEL_SETUP = BASE_SETUP + "%load_ext jupyter_traincontrol\n"
+_STACKS_MARK = "The kernel's threads when the test stopped waiting:"
 
 
 class Kernel(KernelSession):
@@ -41,14 +44,56 @@ class Kernel(KernelSession):
 
     def __init__(self, cwd: Path, runtime_dir: Path, setup: str | None = MODEL_SETUP, env: dict | None = None):
         super().__init__(cwd, env={**child_env(runtime_dir), **(env or {})})
+        self._stacks = Path(cwd) / "kernel-stacks.txt"
         if setup:
-            result = self.execute(setup, timeout=120)
+            # A test that times out waiting for the kernel shows where each of its threads was (`thread_stacks`).
+            dump_on_sigusr1 = (
+                f"__import__('faulthandler').register(__import__('signal').SIGUSR1, "
+                f"file=open({str(self._stacks)!r}, 'w'), all_threads=True)\n"
+            )
+            result = self.execute(dump_on_sigusr1 + setup, timeout=120)
             assert result.status == "ok", (result.ename, result.evalue)
+
+    def collect(self, msg_id: str, timeout: float = 120) -> CellOutputs:
+        try:
+            return super().collect(msg_id, timeout)
+        except TimeoutError as error:
+            raise self._with_stacks(error) from None
+
+    def wait_for(self, expression: str, timeout: float = 60, interval: float = 0.2):
+        try:
+            return super().wait_for(expression, timeout, interval)
+        except TimeoutError as error:
+            raise self._with_stacks(error) from None
+
+    def thread_stacks(self) -> str:
+        """The Python stacks of the kernel's threads now (faulthandler's dump
+        on SIGUSR1, registered with the setup), or why there are none."""
+        if not self._stacks.exists():
+            return "(no stacks: this kernel had no setup cell)"
+        before = self._stacks.stat().st_size
+        os.kill(self.km.provisioner.process.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 3
+        while self._stacks.stat().st_size == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self._stacks.read_text()[before:] or "(no stacks: the kernel did not dump them within 3 s)"
+
+    def _with_stacks(self, error: TimeoutError) -> TimeoutError:
+        if _STACKS_MARK in str(error):
+            return error  # a cell of `wait_for` timed out: its stacks are there already
+        return TimeoutError(f"{error}\n{_STACKS_MARK}\n{self.thread_stacks()}")
 
     def start_busy_cell(self, seconds: float = 30, timeout: float = 60) -> str:
         """Starts a cell that sleeps, and returns once it is surely running
-        (it has printed), so an interrupt now finds the kernel busy."""
-        return self.start_cell(f"import time; print('busy', flush=True); time.sleep({seconds})", timeout=timeout)
+        (it has printed), so an interrupt now finds the kernel busy.
+
+        The cell sleeps in short naps (`busy_sleep`), as a cell that computes
+        runs Python code between its calls: Linux may hand a process's SIGINT
+        to another of its threads (one that can take it at once), and then
+        CPython runs the handler when the main thread next runs Python code;
+        one long ``time.sleep`` would hide the interrupt until it returns.
+        """
+        return self.start_cell(f"import time; print('busy', flush=True)\n{busy_sleep(seconds)}", timeout=timeout)
 
     def start_cell(self, code: str, timeout: float = 60) -> str:
         """Starts a cell whose code prints 'busy' once it runs, and returns
@@ -95,6 +140,11 @@ def run_terminal_session(tmp_path: Path, runtime_dir: Path, then: str):
 
 
 #: The newest run of the kernel, as the kernel names it.
+def busy_sleep(seconds: float, indent: str = "") -> str:
+    """Cell code that sleeps `seconds` in 50 ms naps (see `Kernel.start_busy_cell`)."""
+    return f"{indent}for _ in range({round(seconds * 20)}):\n{indent}    time.sleep(0.05)\n"
+
+
 RUN = "jupyter_traincontrol.runs()[-1]"
 #: A cell that trains the harness's model under ``%%interruptible_fit``.
 FIT_CELL = """%%interruptible_fit --name {name} {options}

@@ -15,7 +15,7 @@ import re
 import pytest
 
 from helpers import wait_until
-from kernel_harness import RUN, start_fit
+from kernel_harness import RUN, busy_sleep, start_fit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,7 +39,7 @@ def busy_cell_until_the_run_ends(kernel) -> str:
         "import time\n"
         "print('busy', flush=True)\n"
         "try:\n"
-        "    time.sleep(60)\n"
+        f"{busy_sleep(60, indent='    ')}"
         "except KeyboardInterrupt:\n"
         f"    while {RUN}.state not in {ENDED}:\n"
         "        time.sleep(0.05)\n"
