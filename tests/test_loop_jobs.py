@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -275,20 +276,44 @@ def test_a_lost_rank_ends_the_others_failed_naming_it(tmp_path, jobs):
 
 def test_a_hung_rank_ends_the_others_failed_naming_it_and_a_rank_stuck_in_a_collective_exits(tmp_path, jobs):
     job = jobs(torchrun(2, "hung", str(tmp_path / "ck"), "--lost-after", "3"))
-    rank0, rank1 = job.rank_pids()
-    os.kill(rank1, signal.SIGSTOP)  # hung: its heartbeats stop, rank 0 waits in the next allreduce
-    stopped = time.monotonic()
-    try:
-        wait_until(lambda: _ended(rank0), timeout=30, message="rank 0, stuck in a collective, to exit")
-        took = time.monotonic() - stopped
-    finally:
-        os.kill(rank1, signal.SIGCONT)
+    took = _hang_rank_one(job)
     job.finish()
     assert took < 3 + 5 + 6, took  # lost_after, then exit_grace (the program's), then a heartbeat or two
     assert "Rank 1 of 2 was lost: no heartbeat for 3 s. Its training is stuck in a collective; exiting (code 70)" \
         in job.stdout + job.stderr
     (record,) = _record("hung", include_ended=True)
     assert (record["state"], record["lost_process"]) == ("failed", 1), record
+
+
+def test_a_rank_that_hangs_while_the_job_agrees_on_a_command_is_found_lost_all_the_same(tmp_path, jobs):
+    """Rank 0's watcher waits for every rank's word on a proposal (here a
+    ``save``); a rank that hangs meanwhile is found lost by its missing
+    heartbeats, as when no command is pending, not only once the agreement
+    times out (60 s): the watcher keeps its watch while it waits."""
+    job = jobs(torchrun(2, "hungsave", str(tmp_path / "ck"), "--lost-after", "3"))
+    # Written at once (a CLI would start slower), long before rank 1 could be found lost: it hangs before it
+    # could give its word on this save.
+    took = _hang_rank_one(job, then=lambda: Path(job.fifo).write_text("save\n"))
+    job.finish()
+    assert took < 3 + 5 + 6, took  # lost_after, then exit_grace (the program's), then a heartbeat or two
+    assert "Rank 1 of 2 was lost: no heartbeat for" in job.stdout + job.stderr, job.stderr[-4000:]
+    (record,) = _record("hungsave", include_ended=True)
+    assert (record["state"], record.get("lost_process")) == ("failed", 1), record
+
+
+def _hang_rank_one(job: LaunchedJob, then: Callable[[], object] = lambda: None) -> float:
+    """Hangs rank 1 (SIGSTOP: its heartbeats stop, rank 0 waits in the next
+    allreduce), does `then`, and returns how long rank 0 then took to exit;
+    rank 1 is let go after, pass or fail."""
+    rank0, rank1 = job.rank_pids()
+    os.kill(rank1, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        then()
+        wait_until(lambda: _ended(rank0), timeout=30, message="rank 0, stuck in a collective, to exit")
+        return time.monotonic() - stopped
+    finally:
+        os.kill(rank1, signal.SIGCONT)
 
 
 def _ended(pid: int) -> bool:

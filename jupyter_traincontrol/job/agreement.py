@@ -66,15 +66,20 @@ class Agreement:
             proposed that the job cannot apply, and why. Defaults to None.
         agreed: Called (on the watcher thread) with each request the job
             agreed on, before any process applies it. Defaults to None.
+        while_waiting: Called (on the watcher thread) between the slices of
+            a wait for a process's word on a proposal: the job's heartbeat
+            and its look at the others go on meanwhile. Defaults to None.
         unit: What a process is called in messages. Defaults to ``process``.
     """
 
     def __init__(self, coordination: Coordination, process_id: int, num_processes: int, agree_timeout: float,
                  refused: Callable[[Request, str], None] | None = None,
-                 agreed: Callable[[Request], None] | None = None, unit: str = "process"):
+                 agreed: Callable[[Request], None] | None = None,
+                 while_waiting: Callable[[], object] | None = None, unit: str = "process"):
         self.coordination = coordination
         self.refused = refused
         self.agreed = agreed
+        self.while_waiting = while_waiting
         self.unit = unit
         self.process_id = process_id
         self.num_processes = num_processes
@@ -175,7 +180,7 @@ class Agreement:
         kv = self.coordination
         try:
             return kv.wait_for(kv.key("at", seq, process), self.agree_timeout, f"{self.unit} {process} to agree on {request}",
-                               give_up=lambda: self.ended(process))
+                               give_up=lambda: self._ended_meanwhile(process))
         except (TimeoutError, RuntimeError) as error:
             if isinstance(error, JobLostError):
                 raise
@@ -183,6 +188,14 @@ class Agreement:
                 f"{self.unit.capitalize()} {process} of {self.num_processes} did not agree on a step for {request} "
                 f"within {self.agree_timeout:g} s: {first_line(error)}"
             ) from None
+
+    def _ended_meanwhile(self, process: int) -> bool:
+        """Asked between the slices of a wait for `process`'s word: the job's
+        own watch goes on (`while_waiting`: a process found lost ends the wait
+        with `JobLostError`); True once `process` has ended its `fit`."""
+        if self.while_waiting is not None:
+            self.while_waiting()
+        return self.ended(process)
 
     def ended(self, process: int) -> bool:
         """True once `process` said in its heartbeat that its `fit` ended."""

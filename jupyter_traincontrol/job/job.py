@@ -130,6 +130,7 @@ class Job:
         self._watcher: threading.Thread | None = None
         self._closing = threading.Event()
         self._verdict = threading.Event()
+        self._last_beat = 0.0  # the watcher's last heartbeat (`_beat_when_due`)
         self._peers = Peers(process_id, num_processes, lost_after, agree_timeout)
         self._sigterm: SigtermRelay | None = None
         self._notice: PreemptionNotice | None = None
@@ -152,7 +153,7 @@ class Job:
 
     def _new_agreement(self) -> Agreement:
         return Agreement(self.kv, self.process_id, self.num_processes, self.agree_timeout, self._refuse,
-                         agreed=self._agreed, unit=self.unit)
+                         agreed=self._agreed, while_waiting=self._beat_when_due, unit=self.unit)
 
     def _agreed(self, request: Request) -> None:
         receipts = self._receipts
@@ -366,7 +367,7 @@ class Job:
 
     def _watch(self) -> None:
         closing = self._closing
-        last_beat = 0.0
+        self._last_beat = 0.0
         failing_since: float | None = None
         while not closing.is_set():
             try:
@@ -374,16 +375,12 @@ class Job:
                 receipts = self._receipts
                 if receipts is not None and receipts.waiting:
                     receipts.collect()
-                if time.monotonic() - last_beat >= self.heartbeat_seconds and not closing.is_set():
-                    last_beat = time.monotonic()
-                    self._heartbeat.beat()
-                    self._check_peers()
-                    if self._notice is not None and self._notice.check():
-                        self._run.journal.log("info", "A process of the job got SIGTERM (JAX's preemption notice): stopping the job.")
-                        self._run.send(Command.STOP, sender="preemption")
+                if self._beat_when_due(closing) and self._notice is not None and self._notice.check():
+                    self._run.journal.log("info", "A process of the job got SIGTERM (JAX's preemption notice): stopping the job.")
+                    self._run.send(Command.STOP, sender="preemption")
                 failing_since = None
             except Exception as error:  # the coordinator (process 0) may be gone
-                if closing.is_set():
+                if closing.is_set() or self.lost:  # lost: found while waiting for the others' word (`_beat_when_due`)
                     return
                 now = time.monotonic()
                 failing_since = failing_since or now
@@ -396,6 +393,23 @@ class Job:
                 closing.wait(0.5)
             if self.lost:
                 return
+
+    def _beat_when_due(self, closing: threading.Event | None = None) -> bool:
+        """Watcher thread: this process's heartbeat and a look at the others'
+        once a heartbeat interval has passed since the last; also between the
+        slices of a wait for the others' word on a proposal, so a process
+        lost meanwhile ends that wait (`Coordination.wait_for`) instead of
+        holding it for `agree_timeout`.
+
+        Returns:
+            True if it beat.
+        """
+        if time.monotonic() - self._last_beat < self.heartbeat_seconds or (closing or self._closing).is_set():
+            return False
+        self._last_beat = time.monotonic()
+        self._heartbeat.beat()
+        self._check_peers()
+        return True
 
     def _check_peers(self) -> None:
         now = time.monotonic()
