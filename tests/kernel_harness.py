@@ -55,12 +55,14 @@ class Kernel(KernelSession):
             assert result.status == "ok", (result.ename, result.evalue)
 
     def collect(self, msg_id: str, timeout: float = 120) -> CellOutputs:
+        """`KernelSession.collect`; a timeout shows the kernel's thread stacks."""
         try:
             return super().collect(msg_id, timeout)
         except TimeoutError as error:
             raise self._with_stacks(error) from None
 
     def wait_for(self, expression: str, timeout: float = 60, interval: float = 0.2):
+        """`KernelSession.wait_for`; a timeout shows the kernel's thread stacks."""
         try:
             return super().wait_for(expression, timeout, interval)
         except TimeoutError as error:
@@ -72,7 +74,10 @@ class Kernel(KernelSession):
         if not self._stacks.exists():
             return "(no stacks: this kernel had no setup cell)"
         before = self._stacks.stat().st_size
-        os.kill(self.km.provisioner.process.pid, signal.SIGUSR1)
+        try:
+            os.kill(self.km.provisioner.process.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return "(no stacks: the kernel process has ended)"
         deadline = time.monotonic() + 3
         while self._stacks.stat().st_size == before and time.monotonic() < deadline:
             time.sleep(0.05)
