@@ -46,12 +46,15 @@ class Kernel(KernelSession):
         super().__init__(cwd, env={**child_env(runtime_dir), **(env or {})})
         self._stacks = Path(cwd) / "kernel-stacks.txt"
         if setup:
-            # A test that times out waiting for the kernel shows where each of its threads was (`thread_stacks`).
-            dump_on_sigusr1 = (
-                f"__import__('faulthandler').register(__import__('signal').SIGUSR1, "
-                f"file=open({str(self._stacks)!r}, 'w'), all_threads=True)\n"
+            # A test that times out waiting for the kernel shows where each of its threads was (`thread_stacks`),
+            # or, if the kernel crashed, the stacks faulthandler wrote as it died.
+            dump_stacks = (
+                f"__stacks = open({str(self._stacks)!r}, 'w')\n"
+                "__import__('faulthandler').register(__import__('signal').SIGUSR1, file=__stacks, all_threads=True)\n"
+                "__import__('faulthandler').enable(file=__stacks, all_threads=True)\n"
+                "del __stacks\n"
             )
-            result = self.execute(dump_on_sigusr1 + setup, timeout=120)
+            result = self.execute(dump_stacks + setup, timeout=120)
             assert result.status == "ok", (result.ename, result.evalue)
 
     def collect(self, msg_id: str, timeout: float = 120) -> CellOutputs:
@@ -70,17 +73,20 @@ class Kernel(KernelSession):
 
     def thread_stacks(self) -> str:
         """The Python stacks of the kernel's threads now (faulthandler's dump
-        on SIGUSR1, registered with the setup), or why there are none."""
+        on SIGUSR1, registered with the setup); for a kernel that has died,
+        how it ended and what faulthandler wrote as it died."""
         if not self._stacks.exists():
             return "(no stacks: this kernel had no setup cell)"
+        process = self.km.provisioner.process
+        if process.poll() is not None:
+            return f"(the kernel process has ended, exit status {process.returncode})\n{self._stacks.read_text()}"
         before = self._stacks.stat().st_size
-        try:
-            os.kill(self.km.provisioner.process.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            return "(no stacks: the kernel process has ended)"
+        os.kill(process.pid, signal.SIGUSR1)
         deadline = time.monotonic() + 3
         while self._stacks.stat().st_size == before and time.monotonic() < deadline:
             time.sleep(0.05)
+        if process.poll() is not None:
+            return f"(the kernel process has ended, exit status {process.returncode})\n{self._stacks.read_text()}"
         return self._stacks.read_text()[before:] or "(no stacks: the kernel did not dump them within 3 s)"
 
     def _with_stacks(self, error: TimeoutError) -> TimeoutError:
