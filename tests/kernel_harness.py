@@ -78,14 +78,13 @@ class Kernel(KernelSession):
         if not self._stacks.exists():
             return "(no stacks: this kernel had no setup cell)"
         process = self.km.provisioner.process
-        if process.poll() is not None:
-            return f"(the kernel process has ended, exit status {process.returncode})\n{self._stacks.read_text()}"
         before = self._stacks.stat().st_size
-        os.kill(process.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 3
-        while self._stacks.stat().st_size == before and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if process.poll() is not None:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + 3
+            while self._stacks.stat().st_size == before and time.monotonic() < deadline and process.poll() is None:
+                time.sleep(0.05)
+        if process.poll() is not None:  # dead: what faulthandler wrote as it died is in the file
             return f"(the kernel process has ended, exit status {process.returncode})\n{self._stacks.read_text()}"
         return self._stacks.read_text()[before:] or "(no stacks: the kernel did not dump them within 3 s)"
 
@@ -150,12 +149,12 @@ def run_terminal_session(tmp_path: Path, runtime_dir: Path, then: str):
                           cwd=tmp_path, env=child_env(runtime_dir.parent), timeout=120)
 
 
-#: The newest run of the kernel, as the kernel names it.
 def busy_sleep(seconds: float, indent: str = "") -> str:
     """Cell code that sleeps `seconds` in 50 ms naps (see `Kernel.start_busy_cell`)."""
     return f"{indent}for _ in range({round(seconds * 20)}):\n{indent}    time.sleep(0.05)\n"
 
 
+#: The newest run of the kernel, as the kernel names it.
 RUN = "jupyter_traincontrol.runs()[-1]"
 #: A cell that trains the harness's model under ``%%interruptible_fit``.
 FIT_CELL = """%%interruptible_fit --name {name} {options}
